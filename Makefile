@@ -1,0 +1,48 @@
+# Vigil developer commands. `make demo` and `make test` are the two a new user needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+KAFKA_PORT ?= 9092
+export KAFKA_PORT
+
+.PHONY: demo test lint format bench kafka-start kafka-stop clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## demo: replay the bundled COMPAS stream through the monitor and print the alert summary
+demo: $(STAMP)
+	$(VENV)/bin/vigil demo --alerts-out vigil-demo-alerts.jsonl
+
+## test: lint, start the dev Kafka broker, run the whole suite, stop the broker
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	trap 'bash ops/kafka/dev-kafka.sh stop' EXIT; \
+	bash ops/kafka/dev-kafka.sh start && \
+	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+## bench: the i.o.r. benchmarks recorded in docs/benchmarks.md (needs ../shared/data)
+bench: $(STAMP)
+	$(PY) bench/ior_bench.py
+	$(PY) bench/ior_bench.py --scaling
+
+kafka-start:
+	bash ops/kafka/dev-kafka.sh start
+
+kafka-stop:
+	bash ops/kafka/dev-kafka.sh stop
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis vigil-demo-alerts.jsonl

@@ -1,0 +1,173 @@
+"""The ``vigil`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from importlib.resources import files
+from pathlib import Path
+
+import orjson
+
+from connectors.csv_source import StreamFormatError
+from daemon.replay import ReplayOptions, replay
+from rules.ior import BACKENDS, InvalidDecision
+
+DEMO_STREAM = "compas-stream.csv"
+"""COMPAS recidivism predictions of a Certifair baseline model, in stream order."""
+
+
+def _scale_pair(text: str) -> tuple[str, float]:
+    name, sep, value = text.rpartition("=")
+    try:
+        factor = float(value)
+    except ValueError:
+        factor = None
+    if not sep or not name or factor is None:
+        raise argparse.ArgumentTypeError(f"expected COLUMN=FACTOR, got {text!r}")
+    return name, factor
+
+
+def _add_monitor_options(p: argparse.ArgumentParser, eps_required: bool) -> None:
+    p.add_argument(
+        "--eps",
+        type=float,
+        required=eps_required,
+        default=None if eps_required else 0.04,
+        help="input distance bound; the ball is closed (d_in <= eps)",
+    )
+    p.add_argument("--metric", choices=["linf", "l2", "l1"], default="linf")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=0.0,
+        help="output distance bound for probability outputs (witness iff d_out > delta)",
+    )
+    p.add_argument("--output-metric", choices=["linf", "l1", "tv"], default="linf")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default="auto")
+    p.add_argument("--batch-size", type=int, default=4096, help="decisions checked together")
+    p.add_argument("--alerts-out", type=Path, help="write one JSON alert per flagged decision")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vigil", description="Runtime assurance of AI models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("replay", help="stream a CSV of decisions through the i.o.r. monitor")
+    p.add_argument("stream", type=Path, help="CSV with a header row, one decision per row")
+    p.add_argument(
+        "--decision-column",
+        nargs="+",
+        required=True,
+        metavar="COLUMN",
+        help="the model's output: one label column, or several probability columns",
+    )
+    p.add_argument(
+        "--drop-columns",
+        nargs="*",
+        default=[],
+        metavar="COLUMN",
+        help="columns that are not features (e.g. the ground-truth label)",
+    )
+    p.add_argument(
+        "--ignore-columns",
+        nargs="*",
+        default=[],
+        metavar="COLUMN",
+        help="features left out of d_in (protected attributes, individual fairness)",
+    )
+    p.add_argument(
+        "--scale",
+        type=_scale_pair,
+        action="append",
+        default=[],
+        metavar="COLUMN=FACTOR",
+        help="multiply a feature before distances are taken",
+    )
+    p.add_argument("--id-column", help="column naming each decision (default: its row number)")
+    _add_monitor_options(p, eps_required=True)
+
+    p = sub.add_parser("demo", help="replay the bundled COMPAS decision stream (no broker needed)")
+    _add_monitor_options(p, eps_required=False)
+    return parser
+
+
+def _run_replay(
+    args: argparse.Namespace,
+    stream: Path,
+    decision: list[str],
+    drop: list[str],
+    ignore: list[str],
+    scale: dict[str, float],
+    id_column: str | None,
+) -> dict:
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    opts = ReplayOptions(
+        decision_columns=decision,
+        eps=args.eps,
+        metric=args.metric,
+        delta=args.delta,
+        output_metric=args.output_metric,
+        backend=args.backend,
+        batch_size=args.batch_size,
+        drop_columns=drop,
+        ignore_columns=ignore,
+        scale=scale,
+        id_column=id_column,
+        alerts_out=args.alerts_out,
+        progress=not args.no_progress,
+    )
+    return replay(stream, opts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "replay":
+            if not args.stream.is_file():
+                raise ValueError(f"{args.stream}: no such file")
+            summary = _run_replay(
+                args,
+                args.stream,
+                args.decision_column,
+                args.drop_columns,
+                args.ignore_columns,
+                dict(args.scale),
+                args.id_column,
+            )
+        else:
+            stream = Path(str(files("daemon") / "demo" / DEMO_STREAM))
+            args.alerts_out = args.alerts_out or Path("vigil-demo-alerts.jsonl")
+            summary = _run_replay(args, stream, ["prediction"], ["label"], [], {}, None)
+            _print_demo_report(args.alerts_out, args.eps, summary)
+    except (StreamFormatError, InvalidDecision, ValueError) as e:
+        print(f"vigil {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    print(orjson.dumps(summary).decode(), flush=True)
+    return 0
+
+
+def _print_demo_report(alerts_path: Path, eps: float, summary: dict) -> None:
+    alerts = [orjson.loads(line) for line in alerts_path.read_bytes().splitlines()]
+    by_label = Counter(a["decision"]["y"] for a in alerts)
+    largest = max(alerts, key=lambda a: len(a["witnesses"]), default=None)
+    print(
+        f"replayed {summary['decisions']} COMPAS decisions (L-inf, eps {eps}): "
+        f"{summary['flagged']} flagged, "
+        f"{summary['witness_pairs']} witness pairs; alerts in {alerts_path}"
+    )
+    for label, count in sorted(by_label.items()):
+        print(f"  decisions labelled {label} with a witness: {count}")
+    if largest:
+        print(
+            f"  largest witness set: decision {largest['decision']['id']} "
+            f"({len(largest['witnesses'])} witnesses)"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Vigil checkers, importable without the daemon."""

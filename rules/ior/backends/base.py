@@ -1,0 +1,125 @@
+"""The backend contract and the exact dense search the backends share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import faiss
+import numpy as np
+
+from rules.ior.distance import float32_search_radius, input_distance, output_distance
+from rules.ior.history import History
+from rules.ior.spec import InputMetric, MonitorSpec, OutputKind
+
+Pairs = tuple[np.ndarray, np.ndarray]
+"""(query positions, candidate positions), int64 arrays of equal length."""
+
+_VERIFY_BLOCK = 1 << 22
+"""Elements of the candidate difference matrix checked at once."""
+
+FAISS_METRIC = {
+    InputMetric.LINF: faiss.METRIC_Linf,
+    InputMetric.L2: faiss.METRIC_L2,
+    InputMetric.L1: faiss.METRIC_L1,
+}
+
+
+class Backend(ABC):
+    """Finds witness candidates for new decisions.
+
+    ``advance`` is called after rows ``start..stop-1`` were appended to the history. It
+    indexes them and returns candidate pairs ``(q, j)`` with ``j < q`` for every ``q`` in
+    that range. The candidates must include every true witness; the monitor drops the rest
+    with the exact distance, so a backend may over-approximate but never miss.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: MonitorSpec, history: History) -> None:
+        self.spec = spec
+        self.history = history
+
+    @abstractmethod
+    def advance(self, start: int, stop: int) -> Pairs: ...
+
+    @abstractmethod
+    def rebuild(self) -> None:
+        """Index the whole history without querying it (used on restore)."""
+
+    def options(self) -> dict[str, Any]:
+        """Constructor keywords that recreate this backend (stored in snapshots)."""
+        return {}
+
+
+def partitions(history: History, rows: np.ndarray) -> list[tuple[int | None, np.ndarray]]:
+    """Split rows by label (one group ``None`` for probability outputs); empty groups dropped."""
+    if history.spec.output is OutputKind.PROBABILITIES:
+        return [(None, rows)] if len(rows) else []
+    labels = history.y[rows]
+    return [(int(v), rows[labels == v]) for v in np.unique(labels)]
+
+
+def may_differ(history: History, queries: np.ndarray, label: int | None) -> np.ndarray:
+    """Mask of the queries whose output can differ from rows in the partition ``label``."""
+    if label is None:
+        return np.ones(len(queries), dtype=bool)
+    return history.y[queries] != label
+
+
+def output_groups(history: History, queries: np.ndarray, base: np.ndarray) -> Iterator[Pairs]:
+    """Split a search so that, for labels, queries meet only base rows of another label."""
+    for label, rows in partitions(history, base):
+        q = queries[may_differ(history, queries, label)]
+        if len(q):
+            yield q, rows
+
+
+def flat_pairs(history: History, queries: np.ndarray, base: np.ndarray) -> Pairs:
+    """Candidates among ``base`` for ``queries`` (position arrays) by a Faiss flat scan:
+    every pair within eps with base position < query position, plus float32 near-misses."""
+    out_q, out_j = [], []
+    x, spec = history.x, history.spec
+    radius = float32_search_radius(spec.eps, history.max_abs, x.shape[1], spec.metric)
+    for q, b in output_groups(history, queries, base):
+        index = faiss.IndexFlat(x.shape[1], FAISS_METRIC[spec.metric])
+        index.add(x[b].astype(np.float32))
+        lims, _, found = index.range_search(x[q].astype(np.float32), radius)
+        qq = np.repeat(q, np.diff(lims).astype(np.int64))
+        jj = b[found]
+        earlier = jj < qq
+        out_q.append(qq[earlier])
+        out_j.append(jj[earlier])
+    return concat_pairs(out_q, out_j)
+
+
+def concat_pairs(qs: list[np.ndarray], js: list[np.ndarray]) -> Pairs:
+    if not qs:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return np.concatenate(qs).astype(np.int64), np.concatenate(js).astype(np.int64)
+
+
+def verify(history: History, q: np.ndarray, j: np.ndarray) -> tuple[Pairs, np.ndarray]:
+    """Keep the candidate pairs that are witnesses by the exact definition."""
+    spec = history.spec
+    keep_q, keep_j, keep_d = [], [], []
+    step = max(1, _VERIFY_BLOCK // max(1, history.x.shape[1]))
+    for lo in range(0, len(q), step):
+        qq, jj = q[lo : lo + step], j[lo : lo + step]
+        d = input_distance(history.x[qq], history.x[jj], spec.metric)
+        ok = (d <= spec.eps) & (jj < qq) & _outputs_differ(history, qq, jj)
+        keep_q.append(qq[ok])
+        keep_j.append(jj[ok])
+        keep_d.append(d[ok])
+    if not keep_q:
+        empty = np.empty(0, dtype=np.int64)
+        return (empty, empty), np.empty(0)
+    return (np.concatenate(keep_q), np.concatenate(keep_j)), np.concatenate(keep_d)
+
+
+def _outputs_differ(history: History, q: np.ndarray, j: np.ndarray) -> np.ndarray:
+    spec, y = history.spec, history.y
+    if spec.output is OutputKind.LABEL:
+        return y[q] != y[j]
+    return output_distance(y[q], y[j], spec.output_metric) > spec.delta

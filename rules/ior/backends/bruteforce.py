@@ -1,0 +1,71 @@
+"""Brute force: every new decision against every stored decision of another output.
+
+One Faiss ``IndexFlat`` per label (SIMD float32 range search with a slack radius), so a
+query scans only the rows that could be witnesses; the batch's own rows are searched
+with a temporary flat index.
+"""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from rules.ior.backends.base import (
+    FAISS_METRIC,
+    Backend,
+    Pairs,
+    concat_pairs,
+    flat_pairs,
+    may_differ,
+    partitions,
+)
+from rules.ior.distance import float32_search_radius
+from rules.ior.history import History
+from rules.ior.spec import InputMetric, MonitorSpec
+
+
+class _Partition:
+    """The stored rows of one label (or all rows, for probability outputs)."""
+
+    def __init__(self, dim: int, metric: InputMetric) -> None:
+        self.index = faiss.IndexFlat(dim, FAISS_METRIC[metric])
+        self.positions = np.empty(0, dtype=np.int64)
+
+    def add(self, x: np.ndarray, positions: np.ndarray) -> None:
+        self.index.add(x.astype(np.float32))
+        self.positions = np.concatenate([self.positions, positions])
+
+
+class BruteForceBackend(Backend):
+    name = "bruteforce"
+
+    def __init__(self, spec: MonitorSpec, history: History) -> None:
+        super().__init__(spec, history)
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self._parts: dict[int | None, _Partition] = {}
+        self._add(np.arange(self.history.size))
+
+    def advance(self, start: int, stop: int) -> Pairs:
+        h, batch = self.history, np.arange(start, stop)
+        radius = float32_search_radius(self.spec.eps, h.max_abs, h.x.shape[1], self.spec.metric)
+        xq = h.x[batch].astype(np.float32)
+        qs, js = [], []
+        for label, part in self._parts.items():
+            mask = may_differ(h, batch, label)
+            if mask.any() and part.index.ntotal:
+                lims, _, found = part.index.range_search(xq[mask], radius)
+                qs.append(np.repeat(batch[mask], np.diff(lims).astype(np.int64)))
+                js.append(part.positions[found])
+        q, j = flat_pairs(h, batch, batch)
+        self._add(batch)
+        return concat_pairs([*qs, q], [*js, j])
+
+    def _add(self, rows: np.ndarray) -> None:
+        h = self.history
+        for label, sel in partitions(h, rows):
+            part = self._parts.get(label)
+            if part is None:
+                part = self._parts[label] = _Partition(h.x.shape[1], self.spec.metric)
+            part.add(h.x[sel], sel)

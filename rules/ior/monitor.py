@@ -1,0 +1,139 @@
+"""The online i.o.r. monitor: decisions in stream order in, witness sets out."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from rules.ior.backends import BACKENDS, Backend
+from rules.ior.backends.base import verify
+from rules.ior.history import History
+from rules.ior.spec import MonitorSpec, OutputKind
+from rules.ior.witnesses import Witnesses
+
+_SNAPSHOT_MAGIC = b"VIGIL-IOR/1\n"
+
+
+class InvalidDecision(ValueError):
+    """A decision the monitor cannot accept; ``row`` is its index within the batch."""
+
+    def __init__(self, row: int, message: str) -> None:
+        super().__init__(f"row {row}: {message}")
+        self.row = row
+
+
+class Monitor:
+    """Exact witness sets for every decision against all earlier ones.
+
+    ``check_batch`` treats its rows as the next decisions of the stream, in order: each is
+    compared with the whole history and with the rows before it in the same batch.
+    """
+
+    def __init__(self, spec: MonitorSpec, backend: str = "auto", **options: Any) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+        self.spec = spec
+        self.history = History(spec)
+        self.backend: Backend = BACKENDS[backend](spec, self.history, **options)
+
+    @property
+    def size(self) -> int:
+        """Decisions seen so far."""
+        return self.history.size
+
+    def check_batch(
+        self, x: np.ndarray, y: np.ndarray | Sequence, ids: Sequence | None = None
+    ) -> Witnesses:
+        """Append decisions ``(x[i], y[i])`` and return each one's witness set.
+
+        ``ids`` name the decisions in results (default: their stream positions).
+        """
+        x, y = self._validate(x, y)
+        if ids is None:
+            ids = range(self.size, self.size + len(x))
+        elif len(ids) != len(x):
+            raise ValueError(f"{len(ids)} ids for {len(x)} decisions")
+        start, stop = self.history.append(self.spec.view(x), y, list(ids))
+        q, j = self.backend.advance(start, stop)
+        (q, j), d = verify(self.history, q, j)
+        return Witnesses.from_pairs(start, stop - start, q, j, d)
+
+    def ids(self, positions: np.ndarray) -> list:
+        """External ids of stream positions."""
+        return [self.history.ids[p] for p in positions]
+
+    def outputs(self, positions: np.ndarray) -> np.ndarray:
+        return self.history.y[positions]
+
+    def _validate(self, x: np.ndarray, y: np.ndarray | Sequence) -> tuple[np.ndarray, np.ndarray]:
+        spec = self.spec
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != spec.dim:
+            raise ValueError(f"inputs must have shape (n, {spec.dim}), got {x.shape}")
+        bad = ~np.isfinite(x)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise InvalidDecision(int(row), f"feature {col} is {x[row, col]} (must be finite)")
+        if spec.output is OutputKind.LABEL:
+            y = np.asarray(y)
+            if y.shape != (len(x),):
+                raise ValueError(f"labels must have shape ({len(x)},), got {y.shape}")
+            if y.dtype.kind == "f":
+                frac = ~np.isfinite(y) | (y != np.round(y))
+                if frac.any():
+                    row = int(np.flatnonzero(frac)[0])
+                    raise InvalidDecision(row, f"label {y[row]} is not an integer")
+            elif y.dtype.kind not in "iub":
+                raise ValueError(f"labels must be integers, got dtype {y.dtype}")
+            return x, y.astype(np.int64)
+        y = np.asarray(y, dtype=np.float64)
+        if y.shape != (len(x), spec.output_dim):
+            raise ValueError(
+                f"outputs must have shape ({len(x)}, {spec.output_dim}), got {y.shape}"
+            )
+        bad = ~np.isfinite(y)
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            raise InvalidDecision(row, "output vector has a non-finite entry")
+        return x, y
+
+    def snapshot(self) -> bytes:
+        """Everything needed to continue the stream with identical witness sets."""
+        h = self.history
+        header = {
+            "spec": self.spec.to_dict(),
+            "backend": self.backend.name,
+            "options": self.backend.options(),
+            "size": h.size,
+        }
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            header=np.frombuffer(orjson.dumps(header), dtype=np.uint8),
+            ids=np.frombuffer(
+                orjson.dumps(h.ids, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8
+            ),
+            x=h.x,
+            y=h.y,
+        )
+        return _SNAPSHOT_MAGIC + buf.getvalue()
+
+    @classmethod
+    def restore(cls, blob: bytes) -> Monitor:
+        """Recreate a monitor from ``snapshot()`` output."""
+        if not blob.startswith(_SNAPSHOT_MAGIC):
+            raise ValueError("not an i.o.r. monitor snapshot")
+        with np.load(io.BytesIO(blob[len(_SNAPSHOT_MAGIC) :]), allow_pickle=False) as f:
+            header = orjson.loads(f["header"].tobytes())
+            ids = orjson.loads(f["ids"].tobytes())
+            x, y = f["x"], f["y"]
+        monitor = cls(MonitorSpec.from_dict(header["spec"]), header["backend"], **header["options"])
+        if len(x) != header["size"] or len(ids) != header["size"]:
+            raise ValueError("snapshot is truncated: sizes disagree")
+        monitor.history.append(x, y, ids)
+        monitor.backend.rebuild()
+        return monitor

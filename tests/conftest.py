@@ -1,0 +1,39 @@
+"""Shared fixtures: the optional ../shared/data sets."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CERTIFAIR_ZIP = SHARED_DATA / "fairness-streams-certifair.zip"
+
+
+@pytest.fixture(scope="session")
+def certifair_dir(tmp_path_factory) -> Path:
+    """The Certifair decision streams, unpacked once per session."""
+    if not CERTIFAIR_ZIP.exists():
+        pytest.skip(f"shared data absent: {CERTIFAIR_ZIP}")
+    out = tmp_path_factory.mktemp("certifair")
+    with zipfile.ZipFile(CERTIFAIR_ZIP) as z:
+        z.extractall(out)
+    return out / "predictions"
+
+
+def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(features, predictions) of a Certifair stream CSV (label column dropped)."""
+    data = np.loadtxt(path, delimiter=",", skiprows=1)
+    return np.ascontiguousarray(data[:, 2:]), data[:, 0].astype(np.int64)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """Address of the dev broker that `make test` starts (ops/kafka/dev-kafka.sh)."""
+    address = os.environ.get("VIGIL_KAFKA_BOOTSTRAP")
+    if not address:
+        pytest.skip("VIGIL_KAFKA_BOOTSTRAP unset: run `make test` to start the dev broker")
+    return address

@@ -1,0 +1,120 @@
+"""The monitor's contract beyond the oracle: validation, snapshots, auto's planning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rules.ior import InvalidDecision, Monitor, MonitorSpec
+from rules.ior.backends.kdtree import optimal_buffer_size
+from tests.oracle import witness_sets
+
+
+def collect(monitor: Monitor, x, y, batch: int) -> list[list[tuple[int, float]]]:
+    out = []
+    for s in range(0, len(x), batch):
+        w = monitor.check_batch(x[s : s + batch], y[s : s + batch])
+        out += [list(zip(*map(np.ndarray.tolist, w.of(i)), strict=True)) for i in range(len(w))]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dim": 0, "eps": 0.1}, "dim must be a positive integer"),
+        ({"dim": 2, "eps": -1}, "eps must be a finite number >= 0"),
+        ({"dim": 2, "eps": float("nan")}, "eps must be a finite number"),
+        ({"dim": 2, "eps": 0.1, "metric": "cosine"}, "'cosine' is not a valid InputMetric"),
+        ({"dim": 2, "eps": 0.1, "delta": 0.5}, "delta applies to probability outputs only"),
+        ({"dim": 2, "eps": 0.1, "ignore": (0, 1)}, "ignore leaves no feature"),
+        ({"dim": 2, "eps": 0.1, "ignore": (5,)}, "outside 0..1"),
+        ({"dim": 2, "eps": 0.1, "scale": (1.0,)}, "scale has 1 entries"),
+        ({"dim": 2, "eps": 0.1, "scale": (1.0, 0.0)}, "finite and > 0"),
+        ({"dim": 2, "eps": 0.1, "output": "probabilities", "output_dim": 1}, "output_dim >= 2"),
+    ],
+)
+def test_spec_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MonitorSpec(**kwargs)
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="unknown backend 'annoy'"):
+        Monitor(MonitorSpec(dim=2, eps=0.1), "annoy")
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "error", "message"),
+    [
+        ([[0.0, 1.0], [np.nan, 0.0]], [0, 1], InvalidDecision, "row 1: feature 0 is nan"),
+        ([[0.0, np.inf]], [0], InvalidDecision, "row 0: feature 1 is inf"),
+        ([[0.0, 1.0, 2.0]], [0], ValueError, r"shape \(n, 2\), got \(1, 3\)"),
+        ([[0.0, 1.0]], [0.5], InvalidDecision, "row 0: label 0.5 is not an integer"),
+        ([[0.0, 1.0]], [0, 1], ValueError, r"labels must have shape \(1,\)"),
+        ([[0.0, 1.0]], ["a"], ValueError, "labels must be integers"),
+    ],
+)
+def test_bad_decisions_are_rejected_before_anything_is_stored(x, y, error, message):
+    monitor = Monitor(MonitorSpec(dim=2, eps=0.1))
+    with pytest.raises(error, match=message):
+        monitor.check_batch(np.array(x), np.array(y))
+    assert monitor.size == 0
+
+
+def test_probability_outputs_must_be_finite_vectors():
+    monitor = Monitor(MonitorSpec(dim=1, eps=0.1, output="probabilities", output_dim=2))
+    with pytest.raises(InvalidDecision, match="row 1: output vector has a non-finite entry"):
+        monitor.check_batch(np.zeros((2, 1)), np.array([[0.5, 0.5], [np.nan, 1.0]]))
+    with pytest.raises(ValueError, match=r"outputs must have shape \(1, 2\)"):
+        monitor.check_batch(np.zeros((1, 1)), np.array([0.5]))
+
+
+def test_ids_name_witnesses():
+    monitor = Monitor(MonitorSpec(dim=1, eps=0.5))
+    monitor.check_batch(np.array([[0.0], [5.0]]), np.array([0, 0]), ids=["a", "b"])
+    w = monitor.check_batch(np.array([[0.25]]), np.array([1]), ids=["c"])
+    index, distance = w.of(0)
+    assert monitor.ids(index) == ["a"] and distance.tolist() == [0.25]
+
+
+@pytest.mark.parametrize("blob", [b"", b"garbage", b"VIGIL-IOR/1\nnot-an-npz"])
+def test_restore_rejects_corrupt_snapshots(blob):
+    with pytest.raises(ValueError):
+        Monitor.restore(blob)
+
+
+def test_snapshot_keeps_ids_backend_and_options():
+    monitor = Monitor(MonitorSpec(dim=2, eps=0.1, metric="l1"), "kdtree", buffer_size=7)
+    monitor.check_batch(np.array([[0.0, 0.0], [0.05, 0.0]]), np.array([1, 2]), ids=["p", 9])
+    restored = Monitor.restore(monitor.snapshot())
+    assert restored.backend.name == "kdtree" and restored.backend.buffer_size == 7
+    assert restored.spec == monitor.spec and restored.ids([0, 1]) == ["p", 9]
+
+
+def test_auto_uses_discrete_features_as_keys_and_a_grid_for_the_rest():
+    rng = np.random.default_rng(3)
+    n = 3000
+    x = np.hstack([rng.integers(0, 2, size=(n, 3)), rng.random((n, 2))])
+    y = rng.integers(0, 2, size=n)
+    monitor = Monitor(MonitorSpec(dim=5, eps=0.05))
+    got = collect(monitor, x, y, 500)
+    assert monitor.backend.plan.keys == (0, 1, 2)
+    assert set(monitor.backend.plan.grid) <= {3, 4} and monitor.backend.plan.grid
+    assert got == witness_sets(x, y, 0.05)
+
+
+def test_auto_replans_when_a_key_feature_stops_being_discrete():
+    rng = np.random.default_rng(4)
+    n = 2000
+    x = np.hstack([rng.integers(0, 4, size=(n, 1)) / 4, rng.random((n, 1))])
+    x[1500:, 0] += 1 / 64  # now within eps of the old values: feature 0 can't be a key
+    y = rng.integers(0, 2, size=n)
+    monitor = Monitor(MonitorSpec(dim=2, eps=1 / 32))
+    got = collect(monitor, x, y, 250)
+    assert 0 not in monitor.backend.plan.keys
+    assert got == witness_sets(x, y, 1 / 32)
+
+
+def test_amortised_buffer_size_grows_sublinearly():
+    sizes = [optimal_buffer_size(n, 12) for n in (1_000, 100_000, 10_000_000)]
+    assert sizes == sorted(sizes) and sizes[2] < 10_000_000 / 100

@@ -1,0 +1,182 @@
+"""Every backend returns exactly the brute-force oracle's witness sets.
+
+Inputs, eps, scales and outputs are dyadic rationals with few bits, so every distance is
+computed exactly in float64 by any summation order: the oracle and the backends must agree
+to the bit, including at distance exactly eps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rules.ior import BACKENDS, Monitor, MonitorSpec
+from tests.oracle import witness_sets
+
+EPS = [0.0, 1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
+METRICS = ["linf", "l2", "l1"]
+BACKEND_OPTIONS = {
+    "auto": st.just({}),
+    "bruteforce": st.just({}),
+    "kdtree": st.sampled_from([{}, {"buffer_size": 1}, {"buffer_size": 3}, {"buffer_size": 17}]),
+}
+
+
+def run_monitor(spec: MonitorSpec, backend: str, options: dict, x, y, sizes, snapshot_at):
+    monitor = Monitor(spec, backend, **options)
+    got, pos = [], 0
+    for b, size in enumerate(sizes):
+        if b == snapshot_at:
+            monitor = Monitor.restore(monitor.snapshot())
+        w = monitor.check_batch(x[pos : pos + size], y[pos : pos + size])
+        assert w.first == pos and len(w) == size
+        for i in range(size):
+            idx, d = w.of(i)
+            got.append(list(zip(idx.tolist(), d.tolist(), strict=True)))
+        pos += size
+    assert monitor.size == len(x)
+    return got
+
+
+@st.composite
+def outputs(draw, n: int):
+    if draw(st.booleans()):
+        labels = draw(st.sampled_from([[0], [0, 1], [0, 1, 2], [-1, 3, 7, 8]]))
+        y = np.array(draw(st.lists(st.sampled_from(labels), min_size=n, max_size=n)), dtype=int)
+        return y, {}
+    m = draw(st.integers(2, 3))
+    y = (
+        np.array(
+            draw(
+                st.lists(
+                    st.lists(st.integers(0, 8), min_size=m, max_size=m), min_size=n, max_size=n
+                )
+            ),
+            dtype=float,
+        ).reshape(n, m)
+        / 8
+    )
+    kw = {
+        "output": "probabilities",
+        "output_dim": m,
+        "delta": draw(st.sampled_from([0.0, 1 / 8, 1 / 4])),
+        "output_metric": draw(st.sampled_from(["linf", "l1", "tv"])),
+    }
+    return y, kw
+
+
+@st.composite
+def partition(draw, n: int):
+    sizes, left = [], n
+    while left:
+        s = draw(st.integers(1, left))
+        sizes.append(s)
+        left -= s
+    snapshot_at = draw(st.none() | st.integers(0, max(0, len(sizes) - 1)))
+    return sizes, snapshot_at
+
+
+@st.composite
+def small_streams(draw):
+    """Streams drawn value by value: duplicates and exact-eps neighbours on purpose."""
+    dim = draw(st.integers(1, 40))
+    n = draw(st.integers(0, 40))
+    eps = draw(st.sampled_from(EPS))
+    discrete = draw(st.lists(st.booleans(), min_size=dim, max_size=dim))
+    rows: list[list[float]] = []
+    for _ in range(n):
+        if rows and draw(st.integers(0, 3)) == 0:
+            row = list(draw(st.sampled_from(rows)))
+            for k in draw(st.lists(st.integers(0, dim - 1), max_size=3)):
+                row[k] += draw(st.sampled_from([-eps, eps, eps / 2]))
+        else:
+            row = [
+                draw(st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+                if discrete[k]
+                else draw(st.integers(0, 512)) / 256
+                for k in range(dim)
+            ]
+        rows.append(row)
+    x = np.array(rows, dtype=float).reshape(n, dim)
+    y, out_kw = draw(outputs(n))
+    spec_kw = {"dim": dim, "eps": eps, "metric": draw(st.sampled_from(METRICS)), **out_kw}
+    if dim > 1 and draw(st.booleans()):
+        spec_kw["ignore"] = tuple(draw(st.sets(st.integers(0, dim - 1), max_size=dim - 1)))
+    if draw(st.booleans()):
+        spec_kw["scale"] = tuple(
+            draw(st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=dim, max_size=dim))
+        )
+    return spec_kw, x, y, draw(partition(n))
+
+
+@st.composite
+def seeded_streams(draw):
+    """Longer streams (past the auto backend's planning points) generated from a seed:
+    mixed discrete/continuous features, duplicates, and late drift that breaks a discrete
+    feature's spacing or a feature's magnitude, forcing re-planning."""
+    dim = draw(st.integers(1, 24))
+    n = draw(st.integers(200, 1400))
+    seed = draw(st.integers(0, 2**32 - 1))
+    eps = draw(st.sampled_from(EPS[1:5]))
+    rng = np.random.default_rng(seed)
+    discrete = rng.random(dim) < draw(st.sampled_from([0.0, 0.5, 0.9]))
+    x = np.where(
+        discrete, rng.integers(0, 4, size=(n, dim)) / 2, rng.integers(0, 256, size=(n, dim)) / 256
+    )
+    dup = rng.random(n) < 0.2
+    x[dup] = x[rng.integers(0, n, size=n)[dup]]
+    nudge = rng.random((n, dim)) < 0.05
+    x = x + nudge * rng.choice([-eps, eps], size=(n, dim))
+    drift = draw(st.sampled_from(["none", "spacing", "magnitude"]))
+    if drift == "spacing" and discrete.any():
+        k = int(np.flatnonzero(discrete)[0])
+        x[n // 2 :, k] += rng.integers(0, 4, size=n - n // 2) / 64
+    elif drift == "magnitude":
+        x[n // 2 :, rng.integers(0, dim)] *= 2**22
+    classes = draw(st.sampled_from([2, 3, 6]))
+    y = (rng.integers(0, 256, size=n) * (x.sum(axis=1) * 8 + 1)).astype(np.int64) % classes
+    sizes = []
+    left = n
+    while left:
+        sizes.append(int(min(left, rng.integers(1, draw(st.sampled_from([8, 64, 700]))))))
+        left -= sizes[-1]
+    spec_kw = {"dim": dim, "eps": eps, "metric": draw(st.sampled_from(METRICS))}
+    return spec_kw, x, y, (sizes, draw(st.none() | st.integers(0, len(sizes) - 1)))
+
+
+def _oracle(spec_kw, x, y):
+    return [
+        [(j, d) for j, d in ws]
+        for ws in witness_sets(
+            x,
+            y,
+            spec_kw["eps"],
+            spec_kw.get("metric", "linf"),
+            spec_kw.get("delta", 0.0),
+            spec_kw.get("output_metric", "linf"),
+            spec_kw.get("scale"),
+            spec_kw.get("ignore", ()),
+        )
+    ]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=small_streams(), data=st.data())
+def test_small_streams_match_oracle(backend, stream, data):
+    spec_kw, x, y, (sizes, snapshot_at) = stream
+    options = data.draw(BACKEND_OPTIONS[backend])
+    got = run_monitor(MonitorSpec(**spec_kw), backend, options, x, y, sizes, snapshot_at)
+    assert got == _oracle(spec_kw, x, y)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=seeded_streams(), data=st.data())
+def test_long_streams_match_oracle(backend, stream, data):
+    spec_kw, x, y, (sizes, snapshot_at) = stream
+    options = data.draw(BACKEND_OPTIONS[backend])
+    got = run_monitor(MonitorSpec(**spec_kw), backend, options, x, y, sizes, snapshot_at)
+    assert got == _oracle(spec_kw, x, y)

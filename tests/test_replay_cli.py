@@ -1,0 +1,188 @@
+"""`vigil replay` and `vigil demo` end to end: summaries, alerts, errors and exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from daemon.cli import DEMO_STREAM, main
+from tests.conftest import load_stream
+from tests.oracle import witness_sets
+
+DEMO = Path(str(files("daemon") / "demo" / DEMO_STREAM))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "daemon.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_replay_alerts_equal_the_oracle_on_the_bundled_stream(tmp_path):
+    alerts_path = tmp_path / "alerts.jsonl"
+    result = run_cli(
+        "replay",
+        str(DEMO),
+        "--decision-column",
+        "prediction",
+        "--drop-columns",
+        "label",
+        "--eps",
+        "0.04",
+        "--batch-size",
+        "333",
+        "--alerts-out",
+        str(alerts_path),
+    )
+    assert result.returncode == 0, result.stderr
+    summary = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert set(summary) == {"decisions", "flagged", "witness_pairs", "seconds", "backend"}
+
+    x, y = load_stream(DEMO)
+    truth = witness_sets(x, y, 0.04)
+    expected = {n: ws for n, ws in enumerate(truth) if ws}
+    alerts = [orjson.loads(line) for line in alerts_path.read_bytes().splitlines()]
+    got = {a["decision"]["id"]: [(w["id"], w["distance"]) for w in a["witnesses"]] for a in alerts}
+    assert got == expected
+    assert summary["decisions"] == len(x)
+    assert summary["flagged"] == len(expected)
+    assert summary["witness_pairs"] == sum(map(len, expected.values()))
+    first = alerts[0]
+    assert first["decision"]["y"] == int(y[first["decision"]["id"]])
+    assert {w["y"] for w in first["witnesses"]} == {1 - first["decision"]["y"]}
+    assert first["source"] == {"file": str(DEMO), "row": first["decision"]["id"]}
+    assert (first["rule"], first["model"], first["metric"], first["eps"]) == (
+        "replay",
+        DEMO.stem,
+        "linf",
+        0.04,
+    )
+
+
+def test_replay_probability_outputs_with_ids_ignored_and_scaled_columns(tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    n = 300
+    x = rng.integers(0, 8, size=(n, 3)) / 8
+    p = rng.integers(0, 5, size=n) / 4
+    stream = tmp_path / "s.csv"
+    lines = ["id,a,sex,b,p0,p1"] + [
+        f"d{i},{x[i, 0]},{x[i, 1]},{x[i, 2]},{1 - p[i]},{p[i]}" for i in range(n)
+    ]
+    stream.write_text("\n".join(lines) + "\n")
+    alerts_path = tmp_path / "a.jsonl"
+    code = main(
+        [
+            "replay",
+            str(stream),
+            "--decision-column",
+            "p0",
+            "p1",
+            "--id-column",
+            "id",
+            "--ignore-columns",
+            "sex",
+            "--scale",
+            "b=2",
+            "--metric",
+            "l1",
+            "--eps",
+            "0.25",
+            "--delta",
+            "0.25",
+            "--output-metric",
+            "tv",
+            "--alerts-out",
+            str(alerts_path),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    summary = orjson.loads(capsys.readouterr().out.strip())
+    truth = witness_sets(
+        x, np.stack([1 - p, p], axis=1), 0.25, "l1", 0.25, "tv", scale=[1, 1, 2], ignore=(1,)
+    )
+    alerts = [orjson.loads(line) for line in alerts_path.read_bytes().splitlines()]
+    assert summary["witness_pairs"] == sum(map(len, truth)) > 0
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == {
+        f"d{i}": [f"d{j}" for j, _ in ws] for i, ws in enumerate(truth) if ws
+    }
+    assert all(a["delta"] == 0.25 and len(a["decision"]["y"]) == 2 for a in alerts)
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ("a,b,prediction\n1,2,0\n", ["--drop-columns", "label"], "line 1: no column named 'label'"),
+        ("a,b,prediction\n1,2,0\n1,x,1\n", [], "line 3, column 'b': 'x' is not a number"),
+        ("a,b,prediction\n1,2,0\nnan,2,1\n", [], "line 3, column 'a': 'nan' is not finite"),
+        ("a,b,prediction\n1,2,0\n1,2\n", [], "line 3: 2 fields, expected 3"),
+        ("a,b,prediction\n1,2,\n", [], "line 2, column 'prediction': empty"),
+        ("", [], "the file is empty"),
+        ("a,b,prediction\n1,2,0\n", ["--ignore-columns", "zzz"], "--ignore-columns: not feature"),
+        ("a,b,prediction\n1,2,0\n", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    ],
+)
+def test_bad_input_names_line_and_column_and_exits_2(tmp_path, content, args, message):
+    stream = tmp_path / "bad.csv"
+    stream.write_text(content)
+    result = run_cli(
+        "replay", str(stream), "--decision-column", "prediction", "--eps", "0.1", *args
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_file_and_bad_scale_are_reported(tmp_path):
+    result = run_cli("replay", str(tmp_path / "nope.csv"), "--decision-column", "p", "--eps", "1")
+    assert result.returncode == 2 and "no such file" in result.stderr
+    result = run_cli(
+        "replay", str(DEMO), "--decision-column", "prediction", "--eps", "1", "--scale", "age"
+    )
+    assert result.returncode == 2 and "expected COLUMN=FACTOR" in result.stderr
+
+
+def test_demo_prints_the_alert_summary(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "demo", "--alerts-out", str(tmp_path / "a.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = orjson.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["decisions"] == 5278 and summary["flagged"] > 0
+    assert f"{summary['flagged']} flagged" in result.stdout
+    assert len((tmp_path / "a.jsonl").read_bytes().splitlines()) == summary["flagged"]
+
+
+@pytest.mark.parametrize("backend", ["auto", "bruteforce", "kdtree"])
+@pytest.mark.parametrize(("stream", "eps"), [("compas-base-P1", 0.16), ("german-base-P1", 0.16)])
+def test_replay_real_streams_agree_with_the_oracle(certifair_dir, backend, stream, eps):
+    path = certifair_dir / f"{stream}-combined.csv"
+    result = run_cli(
+        "replay",
+        str(path),
+        "--decision-column",
+        "prediction",
+        "--drop-columns",
+        "label",
+        "--eps",
+        str(eps),
+        "--backend",
+        backend,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = orjson.loads(result.stdout)
+    truth = witness_sets(*load_stream(path), eps)
+    assert (summary["flagged"], summary["witness_pairs"]) == (
+        sum(1 for ws in truth if ws),
+        sum(map(len, truth)),
+    )
