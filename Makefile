@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## demo: replay the bundled COMPAS stream through the monitor and print the alert summary
+## demo: run the daemon pipeline on the bundled COMPAS stream (files, no broker), print the alert summary
 demo: $(STAMP)
-	$(VENV)/bin/vigil demo --alerts-out vigil-demo-alerts.jsonl
+	$(VENV)/bin/vigil demo
 
 ## test: lint, start the dev Kafka broker, run the whole suite, stop the broker
 test: $(STAMP)
@@ -45,4 +45,4 @@ kafka-stop:
 	bash ops/kafka/dev-kafka.sh stop
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis vigil-demo-alerts.jsonl
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis vigil-demo

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
-
-import numpy as np
 
 from rules.ior import Monitor, OutputKind, Witnesses
 
@@ -17,39 +15,44 @@ def now_iso() -> str:
 
 def witness_alerts(
     rule: str,
-    model: str,
     monitor: Monitor,
     witnesses: Witnesses,
-    source: Callable[[int], dict[str, Any]],
+    context: Callable[[int], tuple[str, dict[str, Any]]],
     output_value: Callable[[Any], Any],
+    rows: Iterable[int] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """One alert per decision of the batch with a non-empty witness set.
+    """One alert per flagged decision of the batch (restricted to ``rows`` if given).
 
-    ``source(i)`` locates the batch's i-th decision in its source (topic/partition/offset
-    or file/row); ``output_value`` turns a stored output into its JSON form.
+    ``context(i)`` gives the batch's i-th decision's model and its source coordinates
+    (topic/partition/offset or file/row); ``output_value`` turns a stored output into JSON.
     """
     spec = monitor.spec
     detected_at = now_iso()
     extra = {"delta": spec.delta} if spec.output is OutputKind.PROBABILITIES else {}
-    for i in witnesses.flagged:
-        position = witnesses.first + int(i)
-        index, distance = witnesses.of(int(i))
-        ids = monitor.ids(index)
-        outputs = monitor.outputs(index)
+    counts = witnesses.counts
+    for i in witnesses.flagged if rows is None else rows:
+        i = int(i)
+        if not counts[i]:
+            continue
+        position = witnesses.first + i
+        index, distance = witnesses.of(i)
+        model, source = context(i)
         yield {
             "rule": rule,
             "model": model,
             "decision": {
-                "id": monitor.ids([position])[0],
-                "y": output_value(monitor.outputs(np.array([position]))[0]),
+                "id": monitor.history.ids[position],
+                "y": output_value(monitor.history.y[position]),
             },
             "witnesses": [
                 {"id": wid, "y": output_value(wy), "distance": float(d)}
-                for wid, wy, d in zip(ids, outputs, distance, strict=True)
+                for wid, wy, d in zip(
+                    monitor.ids(index), monitor.outputs(index), distance, strict=True
+                )
             ],
             "metric": spec.metric.value,
             "eps": spec.eps,
             **extra,
-            "source": source(int(i)),
+            "source": source,
             "detected_at": detected_at,
         }

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
-from collections import Counter
 from importlib.resources import files
 from pathlib import Path
 
 import orjson
 
 from connectors.csv_source import StreamFormatError
+from daemon.config import load_config
+from daemon.demo import run_demo
+from daemon.logs import configure_logging
 from daemon.replay import ReplayOptions, replay
+from daemon.service import run_daemon
 from rules.ior import BACKENDS, InvalidDecision
 
 DEMO_STREAM = "compas-stream.csv"
@@ -89,8 +93,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-column", help="column naming each decision (default: its row number)")
     _add_monitor_options(p, eps_required=True)
 
-    p = sub.add_parser("demo", help="replay the bundled COMPAS decision stream (no broker needed)")
-    _add_monitor_options(p, eps_required=False)
+    p = sub.add_parser(
+        "demo", help="run the daemon pipeline on the bundled COMPAS stream (files, no broker)"
+    )
+    p.add_argument("--eps", type=float, default=0.04)
+    p.add_argument("--metric", choices=["linf", "l2", "l1"], default="linf")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default="auto")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("vigil-demo"),
+        help="where the decision events, alerts and state go (emptied first)",
+    )
+
+    p = sub.add_parser("run", help="run the daemon")
+    p.add_argument("--config", type=Path, required=True, help="TOML configuration file")
+
+    p = sub.add_parser("check-config", help="validate a configuration file and exit")
+    p.add_argument("config", type=Path)
     return parser
 
 
@@ -139,34 +159,29 @@ def main(argv: list[str] | None = None) -> int:
                 dict(args.scale),
                 args.id_column,
             )
+        elif args.command == "demo":
+            summary = run_demo(
+                Path(str(files("daemon") / "demo" / DEMO_STREAM)),
+                args.workdir,
+                args.eps,
+                args.metric,
+                args.backend,
+            )
+        elif args.command == "check-config":
+            config = load_config(args.config)
+            source = "kafka" if config.kafka else "files"
+            print(f"{args.config}: ok ({len(config.rules)} rules, {source} source)")
+            return 0
         else:
-            stream = Path(str(files("daemon") / "demo" / DEMO_STREAM))
-            args.alerts_out = args.alerts_out or Path("vigil-demo-alerts.jsonl")
-            summary = _run_replay(args, stream, ["prediction"], ["label"], [], {}, None)
-            _print_demo_report(args.alerts_out, args.eps, summary)
+            config = load_config(args.config)
+            configure_logging(config.logging.level, config.logging.format)
+            asyncio.run(run_daemon(config))
+            return 0
     except (StreamFormatError, InvalidDecision, ValueError) as e:
         print(f"vigil {args.command}: error: {e}", file=sys.stderr)
         return 2
     print(orjson.dumps(summary).decode(), flush=True)
     return 0
-
-
-def _print_demo_report(alerts_path: Path, eps: float, summary: dict) -> None:
-    alerts = [orjson.loads(line) for line in alerts_path.read_bytes().splitlines()]
-    by_label = Counter(a["decision"]["y"] for a in alerts)
-    largest = max(alerts, key=lambda a: len(a["witnesses"]), default=None)
-    print(
-        f"replayed {summary['decisions']} COMPAS decisions (L-inf, eps {eps}): "
-        f"{summary['flagged']} flagged, "
-        f"{summary['witness_pairs']} witness pairs; alerts in {alerts_path}"
-    )
-    for label, count in sorted(by_label.items()):
-        print(f"  decisions labelled {label} with a witness: {count}")
-    if largest:
-        print(
-            f"  largest witness set: decision {largest['decision']['id']} "
-            f"({len(largest['witnesses'])} witnesses)"
-        )
 
 
 if __name__ == "__main__":

@@ -116,10 +116,10 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
             bar.update(len(w))
             if out is not None and len(w.flagged):
 
-                def source(i: int, rows=batch.rows) -> dict[str, Any]:
-                    return {"file": str(path), "row": int(rows[i])}
+                def context(i: int, rows=batch.rows) -> tuple[str, dict[str, Any]]:
+                    return path.stem, {"file": str(path), "row": int(rows[i])}
 
-                for alert in witness_alerts("replay", path.stem, monitor, w, source, output_value):
+                for alert in witness_alerts("replay", monitor, w, context, output_value):
                     out.write(orjson.dumps(alert) + b"\n")
     return {
         "decisions": decisions,

@@ -148,19 +148,25 @@ def test_missing_file_and_bad_scale_are_reported(tmp_path):
     assert result.returncode == 2 and "expected COLUMN=FACTOR" in result.stderr
 
 
-def test_demo_prints_the_alert_summary(tmp_path):
+def test_demo_runs_the_pipeline_and_matches_the_oracle(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "demo", "--alerts-out", str(tmp_path / "a.jsonl")],
+        [sys.executable, "-m", "daemon.cli", "demo", "--workdir", str(tmp_path / "demo")],
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     summary = orjson.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["decisions"] == 5278 and summary["flagged"] > 0
-    assert f"{summary['flagged']} flagged" in result.stdout
-    assert len((tmp_path / "a.jsonl").read_bytes().splitlines()) == summary["flagged"]
+    x, y = load_stream(DEMO)
+    truth = witness_sets(x, y, 0.04)
+    assert summary["decisions"] == len(x)
+    assert summary["flagged"] == sum(1 for ws in truth if ws)
+    assert summary["witness_pairs"] == sum(map(len, truth))
+    assert summary["dead_letters"] == 0
+    assert f"{summary['flagged']} decisions with a witness set" in result.stdout
+    alerts = (tmp_path / "demo" / "alerts.jsonl").read_bytes().splitlines()
+    assert len(alerts) == summary["flagged"]
+    assert list((tmp_path / "demo" / "state").rglob("*.snap"))
 
 
 @pytest.mark.parametrize("backend", ["auto", "bruteforce", "kdtree"])

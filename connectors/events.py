@@ -1,0 +1,100 @@
+"""Event records and the JSON codec (orjson) for the event kinds in connectors/schemas/."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message from a source; ``offset`` orders it within its partition."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
+
+    @property
+    def source(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
+
+
+class BadEvent(ValueError):
+    """An event that cannot be processed; ``reason`` is a short metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A decoded decision event; ``x`` and ``y`` are validated per rule, in batches."""
+
+    record: Record
+    id: str | int
+    model: str
+    x: Any
+    y: Any
+
+
+def decode_decision(record: Record) -> Decision:
+    """Parse and check the decision envelope; raises ``BadEvent`` naming what is wrong."""
+    if record.value is None:
+        raise BadEvent("undecodable", "empty message (tombstone)")
+    try:
+        event = orjson.loads(record.value)
+    except orjson.JSONDecodeError as e:
+        raise _classify_undecodable(record.value, e) from None
+    if not isinstance(event, dict):
+        raise BadEvent("schema", f"expected a JSON object, got {type(event).__name__}")
+    missing = [k for k in ("id", "model", "x", "y") if k not in event]
+    if missing:
+        raise BadEvent("schema", f"missing field(s): {', '.join(missing)}")
+    ident, model, x, y = event["id"], event["model"], event["x"], event["y"]
+    if not isinstance(ident, str | int) or isinstance(ident, bool):
+        raise BadEvent("schema", f"id must be a string or integer, got {type(ident).__name__}")
+    if not isinstance(model, str):
+        raise BadEvent("schema", f"model must be a string, got {type(model).__name__}")
+    if not isinstance(x, list):
+        raise BadEvent("schema", f"x must be an array of numbers, got {type(x).__name__}")
+    if isinstance(y, bool) or not isinstance(y, int | float | list):
+        raise BadEvent("schema", f"y must be a label or an array, got {type(y).__name__}")
+    return Decision(record, ident, model, x, y)
+
+
+def _classify_undecodable(value: bytes, error: Exception) -> BadEvent:
+    """Tell NaN/Infinity literals (valid for many JSON writers) from garbage."""
+    try:
+        json.loads(value, parse_constant=lambda c: math.nan)
+    except (ValueError, UnicodeDecodeError):
+        return BadEvent("undecodable", f"not valid JSON: {error}")
+    return BadEvent("non_finite", "NaN or Infinity in the event")
+
+
+def dead_letter(record: Record, reason: str, error: str, detected_at: str) -> dict[str, Any]:
+    """The dead-letter event for a record: its reason, coordinates and original bytes."""
+    payload = record.value or b""
+    try:
+        text: dict[str, str] = {"payload": payload.decode("utf-8")}
+    except UnicodeDecodeError:
+        text = {"payload_base64": base64.b64encode(payload).decode("ascii")}
+    return {
+        "kind": "dead_letter",
+        "reason": reason,
+        "error": error,
+        "source": record.source,
+        **text,
+        "detected_at": detected_at,
+    }
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    return orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,104 @@
+"""JSON-lines files as source and sink: the embedded default that needs no broker.
+
+The source is one partition (a configured topic name, partition 0, offset = line index);
+its committed offset lives in a small JSON file written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
+from connectors.events import Record
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file, fsync, rename: readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class JsonLinesSource:
+    def __init__(self, path: Path, topic: str, offsets_file: Path) -> None:
+        self.path = Path(path)
+        self.tp: TopicPartition = (topic, 0)
+        self._offsets_file = Path(offsets_file)
+        self._lines: list[bytes] = []
+        self._next = 0
+
+    async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
+        self._lines = self.path.read_bytes().splitlines()
+        self._on_revoke = on_revoke
+        await on_assign([self.tp])
+
+    async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
+        start, stop = self._next, min(self._next + max_records, len(self._lines))
+        self._next = stop
+        topic, partition = self.tp
+        return [Record(topic, partition, i, self._lines[i]) for i in range(start, stop)]
+
+    def exhausted(self) -> bool:
+        return self._next >= len(self._lines)
+
+    async def commit(self, offsets: Offsets) -> None:
+        if self.tp in offsets:
+            atomic_write(self._offsets_file, json.dumps({"offset": offsets[self.tp]}).encode())
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        try:
+            return int(json.loads(self._offsets_file.read_text())["offset"])
+        except FileNotFoundError:
+            return None
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._next = offset
+
+    async def lag(self) -> dict[TopicPartition, int]:
+        return {self.tp: len(self._lines) - self._next}
+
+    def assignment(self) -> list[TopicPartition]:
+        return [self.tp]
+
+    async def stop(self) -> None:
+        await self._on_revoke([self.tp])
+
+
+class JsonLinesSink:
+    """Appends each message's value as a line to the file mapped to its topic."""
+
+    commits_offsets = False
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self._paths = {topic: Path(p) for topic, p in files.items()}
+        self._handles: dict = {}
+
+    async def start(self) -> None:
+        for topic, path in self._paths.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._handles[topic] = open(path, "ab")  # noqa: SIM115 - closed in stop()
+
+    async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
+        touched = set()
+        for m in messages:
+            self._handles[m.topic].write(m.value + b"\n")
+            touched.add(m.topic)
+        for topic in touched:
+            self._handles[topic].flush()
+            os.fsync(self._handles[topic].fileno())
+
+    async def stop(self) -> None:
+        for f in self._handles.values():
+            f.close()
+        self._handles.clear()

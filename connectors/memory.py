@@ -1,0 +1,62 @@
+"""In-memory source and sink for unit tests of the pipeline's own logic."""
+
+from __future__ import annotations
+
+from connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
+from connectors.events import Record
+
+
+class MemorySource:
+    """Serves the given records of one partition; remembers commits."""
+
+    def __init__(self, topic: str, values: list[bytes | None]) -> None:
+        self.tp: TopicPartition = (topic, 0)
+        self.values = values
+        self.commits: list[Offsets] = []
+        self._next = 0
+
+    async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
+        self._on_revoke = on_revoke
+        await on_assign([self.tp])
+
+    async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
+        start, stop = self._next, min(self._next + max_records, len(self.values))
+        self._next = stop
+        return [Record(self.tp[0], 0, i, self.values[i]) for i in range(start, stop)]
+
+    def exhausted(self) -> bool:
+        return self._next >= len(self.values)
+
+    async def commit(self, offsets: Offsets) -> None:
+        self.commits.append(dict(offsets))
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.commits[-1].get(tp) if self.commits else None
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._next = offset
+
+    async def lag(self) -> dict[TopicPartition, int]:
+        return {self.tp: len(self.values) - self._next}
+
+    def assignment(self) -> list[TopicPartition]:
+        return [self.tp]
+
+    async def stop(self) -> None:
+        await self._on_revoke([self.tp])
+
+
+class MemorySink:
+    commits_offsets = False
+
+    def __init__(self) -> None:
+        self.messages: list[OutMessage] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
+        self.messages.extend(messages)
+
+    async def stop(self) -> None:
+        pass

@@ -1,0 +1,272 @@
+"""consume -> decode -> route -> check -> emit -> commit, with snapshots and recovery.
+
+Guarantees (docs/architecture.md): alerts and dead letters of a batch are acknowledged
+before its offsets are committed (or committed with them in one Kafka transaction); a
+snapshot is only taken of state whose offsets are committed; after a restart each rule's
+state is restored from its newest snapshot and the records between the snapshot and the
+committed offset are replayed into it without emitting anything a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import structlog
+
+from connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
+from connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
+from daemon.alerts import now_iso
+from daemon.metrics import Metrics
+from daemon.rules import IorRule
+from daemon.state import SnapshotStore
+
+log = structlog.get_logger("vigil.pipeline")
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    alerts_topic: str
+    dead_letter_topic: str
+    max_batch: int = 2000
+    fetch_timeout_ms: int = 200
+    snapshot_every_events: int = 100_000
+    snapshot_every_seconds: float = 60.0
+
+
+class Pipeline:
+    def __init__(
+        self,
+        rules: list[IorRule],
+        source: Source,
+        sink: Sink,
+        store: SnapshotStore,
+        metrics: Metrics,
+        settings: PipelineSettings,
+    ) -> None:
+        self.rules = rules
+        self.source = source
+        self.sink = sink
+        self.store = store
+        self.metrics = metrics
+        self.settings = settings
+        self._lock = asyncio.Lock()
+        self._emit_from: dict[TopicPartition, int] = {}
+        self._apply_from: dict[tuple[str, TopicPartition], int] = {}
+        self._next: dict[TopicPartition, int] = {}
+        self._unsnapshotted: dict[TopicPartition, int] = defaultdict(int)
+        self._snapshot_at: dict[TopicPartition, float] = {}
+        self._pending_writes: set[asyncio.Task] = set()
+
+    def _rules_for(self, topic: str) -> list[IorRule]:
+        return [r for r in self.rules if topic in r.topics]
+
+    # -- assignment -------------------------------------------------------------------
+
+    async def on_assign(self, tps: list[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in tps:
+                await self._recover(tp)
+            self.metrics.assigned_partitions.set(len(self.source.assignment()))
+
+    async def _recover(self, tp: TopicPartition) -> None:
+        """Restore each rule's newest snapshot and seek to the oldest one's offset."""
+        committed = await self.source.committed(tp)
+        start = committed or 0
+        for rule in self._rules_for(tp[0]):
+            snapshot, skipped = self.store.load(rule.name, tp)
+            if skipped:
+                self.metrics.snapshots.labels("skipped_corrupt").inc(skipped)
+            applied = 0
+            if snapshot is not None and committed is not None and snapshot.offset > committed:
+                log.warning(
+                    "snapshot_ahead_of_commit_ignored",
+                    rule=rule.name,
+                    tp=tp,
+                    snapshot=snapshot.offset,
+                    committed=committed,
+                )
+            elif snapshot is not None:
+                rule.restore(tp, snapshot.blob)
+                applied = snapshot.offset
+                self.metrics.snapshots.labels("loaded").inc()
+            self._apply_from[(rule.name, tp)] = applied
+            start = min(start, applied)
+        self._emit_from[tp] = committed or 0
+        self._next[tp] = start
+        self._snapshot_at[tp] = time.monotonic()
+        await self.source.seek(tp, start)
+        log.info(
+            "partition_assigned",
+            topic=tp[0],
+            partition=tp[1],
+            committed=committed,
+            replay_from=start,
+        )
+
+    async def on_revoke(self, tps: list[TopicPartition]) -> None:
+        async with self._lock:
+            for tp in tps:
+                if tp not in self._emit_from:
+                    continue
+                self._snapshot(tp)
+                for rule in self._rules_for(tp[0]):
+                    rule.drop(tp)
+                    self._apply_from.pop((rule.name, tp), None)
+                del self._emit_from[tp]
+                self._next.pop(tp, None)
+                self.metrics.forget_partition(*tp, [r.name for r in self._rules_for(tp[0])])
+                log.info("partition_revoked", topic=tp[0], partition=tp[1])
+            await self._flush_snapshots()
+            self.metrics.assigned_partitions.set(len(self.source.assignment()))
+
+    def ready(self) -> bool:
+        """Partitions assigned and every one replayed up to its committed offset."""
+        return bool(self._emit_from) and all(
+            self._next.get(tp, 0) >= emit for tp, emit in self._emit_from.items()
+        )
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
+        """Process batches until ``stop`` is set (or, with ``until_idle``, the source has
+        nothing more to give)."""
+        while not stop.is_set():
+            records = await self.source.fetch(
+                self.settings.max_batch, self.settings.fetch_timeout_ms
+            )
+            if records:
+                await self.process(records)
+            elif until_idle:
+                break
+            else:
+                async with self._lock:
+                    for tp in list(self._emit_from):
+                        self._maybe_snapshot(tp)
+            await self._update_lag()
+
+    async def process(self, records: list[Record]) -> None:
+        started = time.perf_counter()
+        async with self._lock:
+            messages: list[OutMessage] = []
+            offsets: Offsets = {}
+            by_tp: dict[TopicPartition, list[Record]] = defaultdict(list)
+            for r in records:
+                by_tp[(r.topic, r.partition)].append(r)
+            for tp, recs in by_tp.items():
+                if tp not in self._emit_from:
+                    continue  # revoked while the batch was in flight
+                offsets[tp] = recs[-1].offset + 1
+                messages += self._process_partition(tp, recs)
+            await self.sink.deliver(messages, offsets)
+            if not self.sink.commits_offsets:
+                await self.source.commit(offsets)
+            for tp, offset in offsets.items():
+                self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
+                self._next[tp] = offset
+                self._maybe_snapshot(tp)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+
+    def _process_partition(self, tp: TopicPartition, records: list[Record]) -> list[OutMessage]:
+        emit_from = self._emit_from[tp]
+        out: list[OutMessage] = []
+        decisions: list[Decision] = []
+        for r in records:
+            try:
+                decisions.append(decode_decision(r))
+            except BadEvent as e:
+                if r.offset >= emit_from:
+                    out.append(self._dead(r, e.reason, str(e)))
+        routed = [False] * len(decisions)
+        for rule in self._rules_for(tp[0]):
+            apply_from = self._apply_from[(rule.name, tp)]
+            mine = []
+            for i, d in enumerate(decisions):
+                if rule.matches(d):
+                    routed[i] = True
+                    if d.record.offset >= apply_from:
+                        mine.append(d)
+            if not mine:
+                continue
+            result = rule.check(tp, mine, emit_from)
+            replayed = sum(1 for d in mine if d.record.offset < emit_from)
+            m = self.metrics
+            m.events.labels(rule.name, "checked").inc(result.checked - replayed)
+            m.events.labels(rule.name, "replayed").inc(replayed)
+            m.events.labels(rule.name, "flagged").inc(len(result.alerts))
+            m.witnesses.labels(rule.name).inc(sum(len(a["witnesses"]) for a in result.alerts))
+            m.alerts.labels(rule.name).inc(len(result.alerts))
+            m.check_seconds.labels(rule.name, rule.config.backend).observe(result.seconds)
+            m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
+            for alert in result.alerts:
+                out.append(
+                    OutMessage(self.settings.alerts_topic, alert["model"].encode(), encode(alert))
+                )
+            for record, reason, error in result.dead:
+                if record.offset >= emit_from:
+                    out.append(self._dead(record, reason, error, rule.name))
+        unrouted = routed.count(False)
+        if unrouted:
+            self.metrics.events.labels("", "unrouted").inc(unrouted)
+        return out
+
+    def _dead(self, record: Record, reason: str, error: str, rule: str | None = None) -> OutMessage:
+        self.metrics.dead_letters.labels(reason).inc()
+        self.metrics.events.labels(rule or "", "dead_letter").inc()
+        event = dead_letter(record, reason, error, now_iso())
+        if rule:
+            event["rule"] = rule
+        log.info("dead_letter", reason=reason, error=error, **record.source)
+        return OutMessage(self.settings.dead_letter_topic, record.key, encode(event))
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def _maybe_snapshot(self, tp: TopicPartition) -> None:
+        due_events = self._unsnapshotted[tp] >= self.settings.snapshot_every_events
+        due_time = (
+            time.monotonic() - self._snapshot_at.get(tp, 0) >= self.settings.snapshot_every_seconds
+        )
+        if self._unsnapshotted[tp] and (due_events or due_time):
+            self._snapshot(tp)
+
+    def _snapshot(self, tp: TopicPartition) -> None:
+        """Snapshot every rule's state of ``tp`` at its committed offset (written in a
+        thread; the bytes are taken now, so later batches do not leak in)."""
+        offset = self._next.get(tp)
+        if offset is None:
+            return
+        for rule in self._rules_for(tp[0]):
+            blob = rule.snapshot(tp)
+            if blob is None:
+                continue
+            # a rule restored from a newer snapshot skips records up to its own offset
+            at = max(offset, self._apply_from.get((rule.name, tp), 0))
+            task = asyncio.create_task(self._write(rule.name, tp, at, blob))
+            self._pending_writes.add(task)
+            task.add_done_callback(self._pending_writes.discard)
+        self._unsnapshotted[tp] = 0
+        self._snapshot_at[tp] = time.monotonic()
+
+    async def _write(self, rule: str, tp: TopicPartition, offset: int, blob: bytes) -> None:
+        started = time.perf_counter()
+        await asyncio.to_thread(self.store.save, rule, tp, offset, blob)
+        self.metrics.snapshot_seconds.observe(time.perf_counter() - started)
+        self.metrics.snapshots.labels("written").inc()
+
+    async def _flush_snapshots(self) -> None:
+        if self._pending_writes:
+            await asyncio.gather(*self._pending_writes)
+
+    async def snapshot_all(self) -> None:
+        """Snapshot every assigned partition now and wait for the files."""
+        async with self._lock:
+            for tp in list(self._emit_from):
+                if self._unsnapshotted[tp]:
+                    self._snapshot(tp)
+            await self._flush_snapshots()
+
+    async def _update_lag(self) -> None:
+        for (topic, partition), lag in (await self.source.lag()).items():
+            self.metrics.consumer_lag.labels(topic, str(partition)).set(lag)

@@ -1,0 +1,156 @@
+"""Rule kinds the daemon runs; each keeps one checker per source partition."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from connectors.base import TopicPartition
+from connectors.events import Decision, Record
+from daemon.alerts import witness_alerts
+from daemon.config import IorRuleConfig
+from rules.ior import Monitor, MonitorSpec
+
+
+@dataclass
+class RuleResult:
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    dead: list[tuple[Record, str, str]] = field(default_factory=list)
+    checked: int = 0
+    flagged: int = 0
+    witnesses: int = 0
+    seconds: float = 0.0
+
+
+class IorRule:
+    """The i.o.r. monitor over one topic (and optionally one model's decisions).
+
+    A model's decisions share a partition (they are keyed by model), so one monitor per
+    partition holds every decision the rule must compare.
+    """
+
+    kind = "ior"
+
+    def __init__(self, config: IorRuleConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.monitors: dict[TopicPartition, Monitor] = {}
+
+    @property
+    def topics(self) -> set[str]:
+        return {self.config.topic}
+
+    def matches(self, decision: Decision) -> bool:
+        return decision.record.topic == self.config.topic and (
+            self.config.model is None or decision.model == self.config.model
+        )
+
+    def history_size(self, tp: TopicPartition) -> int:
+        monitor = self.monitors.get(tp)
+        return monitor.size if monitor else 0
+
+    def check(self, tp: TopicPartition, decisions: list[Decision], emit_from: int) -> RuleResult:
+        """Check decisions of one partition in order; alerts only for offsets >= emit_from
+        (earlier ones are being replayed into the state after a restart)."""
+        result = RuleResult()
+        monitor = self.monitors.get(tp)
+        dim = monitor.spec.dim if monitor else self.config.dim or _first_length(decisions)
+        out_dim = monitor.spec.output_dim if monitor else _first_length(decisions, "y")
+        good, x, y = self._validate(decisions, dim, out_dim, result)
+        if not good:
+            return result
+        if monitor is None:
+            monitor = self.monitors[tp] = Monitor(self._spec(dim, out_dim), self.config.backend)
+        started = time.perf_counter()
+        w = monitor.check_batch(x, y, [d.id for d in good])
+        result.seconds = time.perf_counter() - started
+        result.checked, result.flagged, result.witnesses = len(good), len(w.flagged), w.pairs
+        emit = [i for i in w.flagged.tolist() if good[i].record.offset >= emit_from]
+        if emit:
+
+            def context(i: int) -> tuple[str, dict[str, Any]]:
+                return good[i].model, good[i].record.source
+
+            result.alerts = list(
+                witness_alerts(self.name, monitor, w, context, _json_output, rows=emit)
+            )
+        return result
+
+    def _spec(self, dim: int, out_dim: int) -> MonitorSpec:
+        c = self.config
+        return MonitorSpec(
+            dim=dim,
+            eps=c.eps,
+            metric=c.metric,
+            output=c.output,
+            delta=c.delta,
+            output_metric=c.output_metric,
+            output_dim=out_dim if c.output != "label" else 1,
+            ignore=tuple(c.ignore),
+            scale=tuple(c.scale) if c.scale else None,
+        )
+
+    def _validate(self, decisions, dim, out_dim, result):
+        """Split off the decisions whose x or y cannot be checked, as dead letters."""
+        labels = self.config.output == "label"
+        good: list[Decision] = []
+        for d in decisions:
+            problem = _problem(d, dim, out_dim, labels)
+            if problem:
+                result.dead.append((d.record, *problem))
+            else:
+                good.append(d)
+        if not good:
+            return good, None, None
+        x = np.array([d.x for d in good], dtype=np.float64)
+        y = np.array([d.y for d in good], dtype=np.int64 if labels else np.float64)
+        finite = np.isfinite(x).all(axis=1) & (labels or np.isfinite(y).all(axis=1))
+        if not finite.all():
+            for i in np.flatnonzero(~finite):
+                result.dead.append((good[i].record, "non_finite", "x or y has a NaN or infinity"))
+            good = [d for d, ok in zip(good, finite, strict=True) if ok]
+            x, y = x[finite], y[finite]
+        return good, x, y
+
+    def snapshot(self, tp: TopicPartition) -> bytes | None:
+        monitor = self.monitors.get(tp)
+        return monitor.snapshot() if monitor else None
+
+    def restore(self, tp: TopicPartition, blob: bytes) -> None:
+        self.monitors[tp] = Monitor.restore(blob)
+
+    def drop(self, tp: TopicPartition) -> None:
+        self.monitors.pop(tp, None)
+
+
+def _first_length(decisions: list[Decision], field_name: str = "x") -> int:
+    for d in decisions:
+        value = getattr(d, field_name)
+        if isinstance(value, list) and value:
+            return len(value)
+    return 0
+
+
+def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, str] | None:
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in d.x):
+        return "schema", "x must be an array of numbers"
+    if len(d.x) != dim:
+        return "dimension", f"x has {len(d.x)} values, the rule expects {dim}"
+    if labels:
+        if not isinstance(d.y, int):
+            return "schema", "y must be an integer label for this rule"
+        return None
+    if not isinstance(d.y, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in d.y
+    ):
+        return "schema", "y must be an array of numbers (probabilities) for this rule"
+    if len(d.y) != out_dim:
+        return "dimension", f"y has {len(d.y)} values, the rule expects {out_dim}"
+    return None
+
+
+def _json_output(y: Any) -> Any:
+    return y.tolist() if isinstance(y, np.ndarray) else int(y)

@@ -1,0 +1,73 @@
+"""Checker snapshots on disk, each with the source offset it reflects.
+
+Layout: ``<dir>/<rule>/<topic>.<partition>/<offset>.snap``. A file is a JSON header line
+(offset, length, sha256) followed by the checker's bytes; it is written atomically, and a
+file whose header or checksum does not match is skipped for the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import structlog
+
+from connectors.base import TopicPartition
+from connectors.files import atomic_write
+
+log = structlog.get_logger("vigil.state")
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    offset: int
+    blob: bytes
+    path: Path
+
+
+class SnapshotStore:
+    def __init__(self, root: Path, keep: int = 3) -> None:
+        self.root = Path(root)
+        self.keep = keep
+
+    def _dir(self, rule: str, tp: TopicPartition) -> Path:
+        topic, partition = tp
+        return self.root / _SAFE.sub("_", rule) / f"{_SAFE.sub('_', topic)}.{partition}"
+
+    def save(self, rule: str, tp: TopicPartition, offset: int, blob: bytes) -> Path:
+        """Write a snapshot taken after every record before ``offset`` was applied."""
+        folder = self._dir(rule, tp)
+        header = {"offset": offset, "length": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        path = folder / f"{offset:020d}.snap"
+        atomic_write(path, orjson.dumps(header) + b"\n" + blob)
+        for old in sorted(folder.glob("*.snap"))[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def load(self, rule: str, tp: TopicPartition) -> tuple[Snapshot | None, int]:
+        """The newest valid snapshot (or None) and how many corrupt ones were skipped."""
+        skipped = 0
+        for path in sorted(self._dir(rule, tp).glob("*.snap"), reverse=True):
+            snapshot = _read(path)
+            if snapshot is not None:
+                return snapshot, skipped
+            skipped += 1
+            log.warning("snapshot_corrupt_skipped", path=str(path))
+        return None, skipped
+
+
+def _read(path: Path) -> Snapshot | None:
+    try:
+        data = path.read_bytes()
+        head, _, blob = data.partition(b"\n")
+        header = orjson.loads(head)
+        if len(blob) != header["length"] or hashlib.sha256(blob).hexdigest() != header["sha256"]:
+            return None
+        return Snapshot(int(header["offset"]), blob, path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,203 @@
+"""Running the real daemon (`vigil run`) against the dev broker, and reading its output."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from rules.ior import Monitor, MonitorSpec
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def decision_events(x: np.ndarray, y: np.ndarray, model: str) -> list[bytes]:
+    return [
+        orjson.dumps({"id": f"d{i}", "model": model, "x": x[i].tolist(), "y": int(y[i])})
+        for i in range(len(x))
+    ]
+
+
+def expected_alerts(x: np.ndarray, y: np.ndarray, eps: float) -> dict[str, list[str]]:
+    """Offline result: decision id -> witness ids (what `vigil replay` computes)."""
+    monitor = Monitor(MonitorSpec(dim=x.shape[1], eps=eps))
+    w = monitor.check_batch(x, y, [f"d{i}" for i in range(len(x))])
+    return {f"d{i}": monitor.ids(w.of(int(i))[0]) for i in w.flagged}
+
+
+@dataclass
+class Daemon:
+    """A `vigil run` subprocess with its own topics, group and state directory."""
+
+    bootstrap: str
+    workdir: Path
+    exactly_once: bool = True
+    eps: float = 0.04
+    snapshot_every_events: int = 100_000
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    proc: subprocess.Popen | None = None
+    port: int = field(default_factory=free_port)
+
+    @property
+    def topic(self) -> str:
+        return f"decisions-{self.tag}"
+
+    @property
+    def alerts_topic(self) -> str:
+        return f"alerts-{self.tag}"
+
+    @property
+    def dead_topic(self) -> str:
+        return f"dead-{self.tag}"
+
+    def write_config(self) -> Path:
+        path = self.workdir / "vigil.toml"
+        path.write_text(f"""
+[kafka]
+bootstrap_servers = "{self.bootstrap}"
+group_id = "vigil-{self.tag}"
+exactly_once = {str(self.exactly_once).lower()}
+fetch_timeout_ms = 100
+session_timeout_ms = 6000
+
+[outputs]
+alerts_topic = "{self.alerts_topic}"
+dead_letter_topic = "{self.dead_topic}"
+
+[metrics]
+port = {self.port}
+
+[state]
+dir = "state"
+snapshot_every_events = {self.snapshot_every_events}
+snapshot_every_seconds = 3600
+
+[shutdown]
+deadline_seconds = 20
+
+[logging]
+format = "json"
+
+[[rules]]
+name = "compas-fairness"
+kind = "ior"
+topic = "{self.topic}"
+model = "compas"
+metric = "linf"
+eps = {self.eps}
+backend = "auto"
+""")
+        return path
+
+    def start(self) -> None:
+        config = self.write_config()
+        self.log = open(self.workdir / "daemon.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.log.close()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self.log.close()
+
+    def log_text(self) -> str:
+        return (self.workdir / "daemon.log").read_text(errors="replace")
+
+
+async def produce(
+    bootstrap: str, topic: str, values: list[bytes], key: bytes = b"compas", pace: float = 0.0
+) -> None:
+    """Send values in order; with ``pace``, in groups of 20 with that many seconds between."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for i, v in enumerate(values):
+            await producer.send(topic, v, key=key)
+            if pace and i % 20 == 19:
+                await producer.flush()
+                await asyncio.sleep(pace)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def consume_all(
+    bootstrap: str, topic: str, expect: int, timeout: float, settle: float = 2.0
+) -> list[dict]:
+    """Read committed records until ``expect`` arrived and nothing more came for ``settle``
+    seconds (so duplicates would be seen), or until ``timeout``."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout
+    quiet_since = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=200)
+            got = [orjson.loads(r.value) for rs in batches.values() for r in rs]
+            if got:
+                out += got
+                quiet_since = time.monotonic()
+            elif len(out) >= expect and time.monotonic() - quiet_since >= settle:
+                break
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def wait_http(port: int, path: str, status: int = 200, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await writer.drain()
+            data = await reader.read()
+            writer.close()
+            head, _, body = data.partition(b"\r\n\r\n")
+            last = int(head.split()[1])
+            if last == status:
+                return body.decode()
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{path} did not answer {status} within {timeout}s (last: {last})")

@@ -1,0 +1,207 @@
+"""The daemon against the real dev broker: exactness, crash recovery, shutdown, bad input,
+metrics. Each test uses its own topics, consumer group and state directory."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import signal
+import time
+from importlib.resources import files
+from pathlib import Path
+
+import orjson
+import pytest
+
+from daemon.cli import DEMO_STREAM
+from tests.conftest import load_stream
+from tests.daemon_harness import (
+    Daemon,
+    consume_all,
+    decision_events,
+    expected_alerts,
+    produce,
+    wait_http,
+)
+
+DEMO = Path(str(files("daemon") / "demo" / DEMO_STREAM))
+
+
+def witness_map(alerts: list[dict]) -> dict[str, list[str]]:
+    return {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+
+
+@pytest.fixture
+def compas():
+    x, y = load_stream(DEMO)
+    return x[:3000], y[:3000]
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+async def test_alerts_equal_offline_replay_and_sigterm_drains(
+    kafka_bootstrap, tmp_path, compas, exactly_once
+):
+    x, y = compas
+    daemon = Daemon(kafka_bootstrap, tmp_path, exactly_once=exactly_once)
+    expected = expected_alerts(x, y, daemon.eps)
+    await produce(kafka_bootstrap, daemon.topic, decision_events(x, y, "compas"))
+    daemon.start()
+    try:
+        alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, len(expected), 120)
+        assert len(alerts) == len(expected)
+        assert witness_map(alerts) == expected
+        assert all(a["source"]["topic"] == daemon.topic for a in alerts)
+        started = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0, daemon.log_text()
+        assert time.monotonic() - started < 20
+    finally:
+        daemon.kill()
+    log = daemon.log_text()
+    assert '"event": "stopped"' in log or '"event":"stopped"' in log
+    snaps = list((tmp_path / "state").rglob("*.snap"))
+    assert snaps and max(int(p.stem) for p in snaps) == len(x)
+
+
+async def test_sigkill_at_random_points_loses_and_duplicates_nothing(
+    kafka_bootstrap, tmp_path, compas
+):
+    x, y = compas
+    daemon = Daemon(kafka_bootstrap, tmp_path, exactly_once=True, snapshot_every_events=250)
+    expected = expected_alerts(x, y, daemon.eps)
+    events = decision_events(x, y, "compas")
+    chunks = [events[i : i + 600] for i in range(0, len(events), 600)]
+    rng = random.Random(11)
+    kills = 0
+    await produce(kafka_bootstrap, daemon.topic, chunks[0])
+    for chunk in chunks[1:]:
+        daemon.start()
+        await wait_http(daemon.port, "/readyz", timeout=90)  # recovered and caught up
+        producing = asyncio.create_task(produce(kafka_bootstrap, daemon.topic, chunk, pace=0.05))
+        await asyncio.sleep(rng.uniform(0.2, 1.5))
+        daemon.kill()  # while the chunk is still arriving, often mid-batch
+        kills += 1
+        await producing
+    daemon.start()
+    try:
+        alerts = await consume_all(
+            kafka_bootstrap, daemon.alerts_topic, len(expected), 180, settle=4.0
+        )
+    finally:
+        daemon.kill()
+    ids = [a["decision"]["id"] for a in alerts]
+    assert len(ids) == len(set(ids)), "an alert was duplicated"
+    assert witness_map(alerts) == expected, "an alert was lost or differs"
+    # witnesses whose partner came in an earlier chunk: the history survived the crashes
+    chunk_of = {f"d{i}": i // 600 for i in range(len(x))}
+    assert any(chunk_of[w] < chunk_of[d] for d, ws in expected.items() for w in ws)
+    restarts = [
+        orjson.loads(line)
+        for line in daemon.log_text().splitlines()
+        if '"partition_assigned"' in line
+    ]
+    assert len(restarts) == kills + 1
+    assert any(r["replay_from"] < (r["committed"] or 0) for r in restarts), (
+        "no restart replayed records between a snapshot and the committed offset"
+    )
+
+
+BAD = [
+    (b"\x00\xffgarbage", "undecodable"),
+    (b"{not json", "undecodable"),
+    (b"[1, 2, 3]", "schema"),
+    (b'{"id": "b1", "model": "compas", "x": [0.1]}', "schema"),
+    (b'{"id": "b2", "model": "compas", "x": "abc", "y": 1}', "schema"),
+    (b'{"id": "b3", "model": "compas", "x": [0.1, 0.2], "y": 1}', "dimension"),
+    (b'{"id": true, "model": "compas", "x": [0.1], "y": 1}', "schema"),
+    (
+        b'{"id": "b5", "model": "compas", "x": [NaN, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], '
+        b'"y": 1}',
+        "non_finite",
+    ),
+    (
+        b'{"id": "b6", "model": "compas", "x": [1e999, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], '
+        b'"y": 1}',
+        None,
+    ),
+    (
+        b'{"id": "b7", "model": "compas", "x": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], '
+        b'"y": 0.5}',
+        "schema",
+    ),
+]
+
+
+async def test_bad_input_goes_to_dead_letters_and_metrics_move(kafka_bootstrap, tmp_path, compas):
+    x, y = compas
+    x, y = x[:800], y[:800]
+    daemon = Daemon(kafka_bootstrap, tmp_path, exactly_once=False)
+    expected = expected_alerts(x, y, daemon.eps)
+    good = decision_events(x, y, "compas")
+    stream, bad_at = [], {}
+    rng = random.Random(5)
+    for i, event in enumerate(good):
+        stream.append(event)
+        if i % 70 == 35:
+            value, reason = BAD[len(bad_at) % len(BAD)]
+            bad_at[len(stream)] = reason
+            stream.append(value)
+    await produce(kafka_bootstrap, daemon.topic, stream)
+    daemon.start()
+    try:
+        await wait_http(daemon.port, "/healthz")
+        dead = await consume_all(kafka_bootstrap, daemon.dead_topic, len(bad_at), 120)
+        alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, len(expected), 60)
+        assert daemon.proc.poll() is None, "the daemon stopped on bad input"
+        assert witness_map(alerts) == expected
+        assert sorted(d["source"]["offset"] for d in dead) == sorted(bad_at)
+        for d in dead:
+            want = bad_at[d["source"]["offset"]]
+            assert d["reason"] == want or (
+                want is None and d["reason"] in ("undecodable", "non_finite")
+            )
+            assert d["error"] and d["source"]["topic"] == daemon.topic
+            assert "payload" in d or "payload_base64" in d
+        await wait_http(daemon.port, "/readyz")
+        body = await wait_http(daemon.port, "/metrics")
+        counts = {
+            r: float(v)
+            for r, v in re.findall(r'vigil_dead_letters_total\{reason="(\w+)"\} ([0-9.e+]+)', body)
+        }
+        seen = {}
+        for d in dead:
+            seen[d["reason"]] = seen.get(d["reason"], 0) + 1
+        assert counts == seen
+        checked = re.search(
+            r'vigil_events_total\{outcome="checked",rule="compas-fairness"\} '
+            r"([0-9.e+]+)",
+            body,
+        )
+        assert checked and float(checked.group(1)) == len(x)
+        assert f'vigil_consumer_lag{{partition="0",topic="{daemon.topic}"}} 0.0' in body
+        assert re.search(
+            r'vigil_check_seconds_count\{backend="auto",rule="compas-fairness"\} '
+            r"[1-9]",
+            body,
+        )
+        assert (
+            f'vigil_history_size{{partition="0",rule="compas-fairness",topic="{daemon.topic}"}}'
+            f" {float(len(x))}" in body
+        )
+        # more traffic moves the counters
+        await produce(kafka_bootstrap, daemon.topic, [BAD[0][0]])
+        for _ in range(50):
+            body = await wait_http(daemon.port, "/metrics")
+            if (
+                f'vigil_dead_letters_total{{reason="undecodable"}} {seen["undecodable"] + 1}'
+                in body
+            ):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("vigil_dead_letters_total did not move")
+        assert rng is not None
+    finally:
+        daemon.kill()
+    assert orjson.loads(orjson.dumps(dead[0]))

@@ -1,0 +1,187 @@
+"""The daemon's own logic without a broker: config errors, schemas, snapshots, replay
+suppression after a restart (in-memory source and sink)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from importlib.resources import files
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import orjson
+import pytest
+
+from connectors.events import BadEvent, Record, dead_letter, decode_decision
+from connectors.memory import MemorySink, MemorySource
+from daemon.cli import main
+from daemon.config import ConfigError, load_config, parse_config
+from daemon.metrics import Metrics
+from daemon.pipeline import Pipeline, PipelineSettings
+from daemon.rules import IorRule
+from daemon.state import SnapshotStore
+from tests.oracle import witness_sets
+
+CONTRACT = """
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "vigil"
+exactly_once = true
+
+[outputs]
+alerts_topic = "vigil.alerts"
+dead_letter_topic = "vigil.dead-letters"
+
+[metrics]
+port = 9464
+
+[[rules]]
+name = "compas-fairness"
+kind = "ior"
+topic = "decisions"
+model = "compas"
+metric = "linf"
+eps = 0.16
+backend = "auto"
+"""
+
+
+def schema(name: str) -> dict:
+    return json.loads((files("connectors") / "schemas" / f"{name}.json").read_text())
+
+
+def test_the_contract_configuration_is_accepted(tmp_path):
+    path = tmp_path / "vigil.toml"
+    path.write_text(CONTRACT)
+    config = load_config(path)
+    assert config.kafka.exactly_once and config.rules[0].eps == 0.16
+    assert main(["check-config", str(path)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (("eps = 0.16", "eps = -1"), "rules.0.eps"),
+        (('backend = "auto"', 'backend = "annoy"'), "rules.0"),
+        (("port = 9464", "port = 99999"), "metrics.port"),
+        (('metric = "linf"', 'metric = "cosine"'), "rules.0.metric"),
+        (('group_id = "vigil"', 'group_id = "vigil"\ncolour = 1'), "kafka.colour"),
+        (("exactly_once = true", 'exactly_once = "maybe"'), "kafka.exactly_once"),
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, change, key, capsys):
+    path = tmp_path / "vigil.toml"
+    path.write_text(CONTRACT.replace(*change))
+    with pytest.raises(ConfigError, match="(?m)^  " + re.escape(key) + r"\b"):
+        load_config(path)
+    assert main(["check-config", str(path)]) == 2
+    assert key in capsys.readouterr().err
+
+
+def test_config_needs_exactly_one_source():
+    with pytest.raises(ConfigError, match="exactly one source"):
+        parse_config({"rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.1}]})
+
+
+def test_decoder_agrees_with_the_decision_schema():
+    validator = jsonschema.Draft202012Validator(schema("decision"))
+    samples = [
+        {"id": "a", "model": "m", "x": [0.1, 2], "y": 1},
+        {"id": 7, "model": "m", "x": [0.5], "y": [0.2, 0.8]},
+        {"id": "a", "model": "m", "x": [0.1]},
+        {"id": True, "model": "m", "x": [0.1], "y": 1},
+        {"id": "a", "model": 3, "x": [0.1], "y": 1},
+        {"id": "a", "model": "m", "x": "0.1", "y": 1},
+        {"id": "a", "model": "m", "x": [0.1], "y": "yes"},
+        [1, 2],
+    ]
+    for sample in samples:
+        record = Record("t", 0, 0, orjson.dumps(sample))
+        try:
+            decode_decision(record)
+            accepted = True
+        except BadEvent:
+            accepted = False
+        assert accepted == validator.is_valid(sample), sample
+
+
+def test_dead_letters_match_their_schema():
+    validator = jsonschema.Draft202012Validator(schema("dead_letter"))
+    for value in (b"\xff\x00", b'{"id": 1}'):
+        event = dead_letter(Record("t", 3, 41, value), "undecodable", "bad", "now")
+        validator.validate(event)
+        assert event["source"] == {"topic": "t", "partition": 3, "offset": 41}
+
+
+def test_snapshot_store_skips_corrupt_files(tmp_path):
+    store = SnapshotStore(tmp_path, keep=2)
+    store.save("r", ("t", 0), 10, b"old")
+    newest = store.save("r", ("t", 0), 20, b"new")
+    newest.write_bytes(newest.read_bytes()[:-1] + b"X")
+    snapshot, skipped = store.load("r", ("t", 0))
+    assert (snapshot.offset, snapshot.blob, skipped) == (10, b"old", 1)
+    store.save("r", ("t", 0), 30, b"newer")
+    assert sorted(p.stem for p in (tmp_path / "r" / "t.0").glob("*.snap")) == [
+        f"{20:020d}",
+        f"{30:020d}",
+    ]
+
+
+def _pipeline(values, store, sink=None, every=50):
+    rule = IorRule(
+        parse_config(
+            {
+                "files": {"decisions": "unused"},
+                "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
+                "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.25}],
+            }
+        ).rules[0]
+    )
+    source = MemorySource("t", values)
+    settings = PipelineSettings("alerts", "dead", max_batch=37, snapshot_every_events=every)
+    return Pipeline([rule], source, sink or MemorySink(), store, Metrics(), settings), source
+
+
+def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_path):
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 8, size=(400, 3)) / 8
+    y = rng.integers(0, 2, size=400)
+    values = [
+        orjson.dumps({"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])})
+        for i in range(400)
+    ]
+    values[123] = b"garbage"
+    keep = [i for i in range(400) if i != 123]
+    truth = witness_sets(x[keep], y[keep], 0.25)
+    expected = {keep[n]: [keep[j] for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+
+    async def run(limit: int, source_commits):
+        pipeline, source = _pipeline(values[:limit], store, sink)
+        source.commits = source_commits
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        return source.commits  # no final snapshot: as if the process died here
+
+    commits = asyncio.run(run(260, []))
+    assert commits[-1] == {("t", 0): 260}
+    newest, _ = store.load("r", ("t", 0))
+    assert newest.offset < 260  # the snapshot lags the commit: a replay is needed
+    asyncio.run(run(400, commits))
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
+    assert len(alerts) == len(expected)
+    assert [d["source"]["offset"] for d in dead] == [123]
+    validator = jsonschema.Draft202012Validator(schema("alert"))
+    for alert in alerts:
+        validator.validate(alert)
+
+
+def test_example_configs_are_valid():
+    paths = sorted((Path(__file__).parents[1] / "ops" / "examples").glob("*.toml"))
+    assert len(paths) >= 2
+    for path in paths:
+        load_config(path)
