@@ -96,17 +96,20 @@ class IorRule:
     def _validate(self, decisions, dim, out_dim, result):
         """Split off the decisions whose x or y cannot be checked, as dead letters."""
         labels = self.config.output == "label"
-        good: list[Decision] = []
-        for d in decisions:
-            problem = _problem(d, dim, out_dim, labels)
-            if problem:
-                result.dead.append((d.record, *problem))
-            else:
-                good.append(d)
-        if not good:
-            return good, None, None
-        x = np.array([d.x for d in good], dtype=np.float64)
-        y = np.array([d.y for d in good], dtype=np.int64 if labels else np.float64)
+        x, y = _as_arrays(decisions, dim, out_dim, labels)
+        good = decisions
+        if x is None:  # some event is malformed: find which, one by one
+            good = []
+            for d in decisions:
+                problem = _problem(d, dim, out_dim, labels)
+                if problem:
+                    result.dead.append((d.record, *problem))
+                else:
+                    good.append(d)
+            if not good:
+                return good, None, None
+            x = np.array([d.x for d in good], dtype=np.float64)
+            y = np.array([d.y for d in good], dtype=np.int64 if labels else np.float64)
         finite = np.isfinite(x).all(axis=1) & (labels or np.isfinite(y).all(axis=1))
         if not finite.all():
             for i in np.flatnonzero(~finite):
@@ -134,8 +137,26 @@ def _first_length(decisions: list[Decision], field_name: str = "x") -> int:
     return 0
 
 
+def _as_arrays(decisions, dim: int, out_dim: int, labels: bool):
+    """The batch as arrays when every event is well-formed (the common case), else None."""
+    try:
+        x = np.array([d.x for d in decisions])
+        y = np.array([d.y for d in decisions])
+    except ValueError:  # ragged
+        return None, None
+    if x.dtype.kind not in "if" or x.shape != (len(decisions), dim):
+        return None, None
+    if labels and (y.dtype.kind != "i" or y.ndim != 1):
+        return None, None
+    if not labels and (y.dtype.kind not in "if" or y.shape != (len(decisions), out_dim)):
+        return None, None
+    return x.astype(np.float64), y.astype(np.int64 if labels else np.float64)
+
+
 def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, str] | None:
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in d.x):
+    # booleans count as 0/1 here, as they do on the fast path (np.array), so that the
+    # verdict on an event never depends on the batch it arrived in
+    if not all(isinstance(v, int | float) for v in d.x):
         return "schema", "x must be an array of numbers"
     if len(d.x) != dim:
         return "dimension", f"x has {len(d.x)} values, the rule expects {dim}"
@@ -143,9 +164,7 @@ def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, st
         if not isinstance(d.y, int):
             return "schema", "y must be an integer label for this rule"
         return None
-    if not isinstance(d.y, list) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in d.y
-    ):
+    if not isinstance(d.y, list) or not all(isinstance(v, int | float) for v in d.y):
         return "schema", "y must be an array of numbers (probabilities) for this rule"
     if len(d.y) != out_dim:
         return "dimension", f"y has {len(d.y)} values, the rule expects {out_dim}"

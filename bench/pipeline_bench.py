@@ -1,0 +1,199 @@
+"""End-to-end daemon throughput and latency through a real Kafka broker.
+
+    bash ops/kafka/dev-kafka.sh start
+    python bench/pipeline_bench.py [--bootstrap 127.0.0.1:9092] [--n 46033] [--rate 10000]
+
+For each delivery mode (at-least-once, exactly-once), in one run:
+1. throughput: N decisions are produced first; a fresh `vigil run` subprocess then drains
+   them; decisions per second = N / (time of the last check - time of the first check),
+   read from the daemon's own `vigil_events_total` counter;
+2. latency: with the daemon caught up, decisions are produced at ``--rate`` per second and
+   every alert's arrival (read_committed) is matched with its decision's send time: p50/p99.
+The daemon's peak resident memory (VmHWM) is reported after each mode. The stream is
+adult-base-P1 from ../shared/data when present (repeated to reach N), else a synthetic
+stream of the same shape (30 features, 26 binary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from streams import CERTIFAIR_ZIP, certifair  # noqa: E402
+
+from tests.daemon_harness import Daemon, wait_http  # noqa: E402
+
+
+def stream(n: int) -> tuple[np.ndarray, np.ndarray, str]:
+    if CERTIFAIR_ZIP.exists():
+        x, y = certifair("adult-base-P1")
+        name = "adult-base-P1"
+    else:
+        rng = np.random.default_rng(0)
+        x = np.hstack(
+            [
+                rng.integers(0, 60, size=(46_033, 4)) / 60,
+                rng.integers(0, 2, size=(46_033, 26)).astype(float),
+            ]
+        )
+        y = rng.integers(0, 2, size=46_033)
+        name = "synthetic adult-shaped"
+    reps = -(-n // len(x))
+    if reps > 1:  # later repetitions are shifted so they are new decisions, not duplicates
+        x = np.vstack([x + 0.5 * r for r in range(reps)])
+        y = np.tile(y, reps)
+    return x[:n], y[:n], name
+
+
+def events(x: np.ndarray, y: np.ndarray, start: int = 0) -> list[bytes]:
+    return [
+        orjson.dumps({"id": start + i, "model": "compas", "x": x[i].tolist(), "y": int(y[i])})
+        for i in range(len(x))
+    ]
+
+
+async def produce_all(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
+    await producer.start()
+    try:
+        for v in values:
+            await producer.send(topic, v, key=b"compas")
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def checked(port: int) -> float:
+    body = await wait_http(port, "/metrics")
+    m = re.search(
+        r'vigil_events_total\{outcome="checked",rule="compas-fairness"\} ([0-9.e+]+)', body
+    )
+    return float(m.group(1)) if m else 0.0
+
+
+def peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+
+async def run_mode(args, exactly_once: bool, x, y) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        daemon = Daemon(
+            args.bootstrap, Path(tmp), exactly_once=exactly_once, snapshot_every_events=10**9
+        )
+        n = len(x)
+        await produce_all(args.bootstrap, daemon.topic, events(x, y))
+        daemon.start()
+        try:
+            first = last = None
+            while True:
+                done = await checked(daemon.port)
+                now = time.perf_counter()
+                if done and first is None:
+                    first = (now, done)
+                if done >= n:
+                    last = now
+                    break
+                await asyncio.sleep(0.05)
+            rate = (n - first[1]) / (last - first[0]) if last > first[0] else float("nan")
+            latencies = await latency_phase(args, daemon, x, y)
+            rss = peak_rss_mib(daemon.proc.pid)
+        finally:
+            daemon.kill()
+    return {
+        "mode": "exactly-once" if exactly_once else "at-least-once",
+        "decisions": n,
+        "per_second": rate,
+        "rss_mib": rss,
+        **latencies,
+    }
+
+
+async def latency_phase(args, daemon: Daemon, x, y) -> dict:
+    count = min(len(x), args.rate * args.latency_seconds)
+    # a shifted copy of the stream's start: new decisions with the same witness structure
+    values = events(x[:count] + 10.0, y[:count], start=10**9)
+    consumer = AIOKafkaConsumer(
+        daemon.alerts_topic,
+        bootstrap_servers=args.bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="latest",
+    )
+    await consumer.start()
+    await consumer.getmany(timeout_ms=500)
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+
+    async def collect():
+        while True:
+            batches = await consumer.getmany(timeout_ms=200)
+            now = time.perf_counter()
+            for records in batches.values():
+                for r in records:
+                    ident = orjson.loads(r.value)["decision"]["id"]
+                    if ident in sent:
+                        latencies.append(now - sent[ident])
+
+    collector = asyncio.create_task(collect())
+    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, linger_ms=1)
+    await producer.start()
+    start = time.perf_counter()
+    for i, v in enumerate(values):
+        due = start + i / args.rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await producer.send(daemon.topic, v, key=b"compas")
+        sent[10**9 + i] = time.perf_counter()
+    await producer.flush()
+    await producer.stop()
+    await asyncio.sleep(3)
+    collector.cancel()
+    await consumer.stop()
+    if not latencies:
+        return {"alerts_timed": 0, "p50_ms": float("nan"), "p99_ms": float("nan")}
+    q = statistics.quantiles(latencies, n=100)
+    return {"alerts_timed": len(latencies), "p50_ms": 1e3 * q[49], "p99_ms": 1e3 * q[98]}
+
+
+async def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--n", type=int, default=46_033)
+    p.add_argument("--rate", type=int, default=10_000, help="decisions/s in the latency phase")
+    p.add_argument("--latency-seconds", type=int, default=4)
+    p.add_argument("--modes", default="at-least-once,exactly-once")
+    args = p.parse_args()
+    x, y, name = stream(args.n)
+    print(
+        f"stream: {name}, {len(x)} decisions, {x.shape[1]} features; rule: i.o.r. linf "
+        f"eps 0.04 auto; latency phase {args.rate}/s for {args.latency_seconds} s"
+    )
+    print(
+        f"{'mode':<15}{'decisions/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'alerts timed':>14}"
+        f"{'peak RSS MiB':>14}"
+    )
+    for mode in args.modes.split(","):
+        r = await run_mode(args, mode == "exactly-once", x, y)
+        print(
+            f"{r['mode']:<15}{r['per_second']:>12.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
+            f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
