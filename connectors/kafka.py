@@ -75,11 +75,14 @@ class KafkaSource:
 
     async def lag(self) -> dict[TopicPartition, int]:
         out = {}
-        for tp in self._consumer.assignment():
+        assigned = self._consumer.assignment()
+        unknown = [tp for tp in assigned if self._consumer.highwater(tp) is None]
+        ends = await self._consumer.end_offsets(unknown) if unknown else {}
+        for tp in assigned:
             high = self._consumer.highwater(tp)
-            if high is None:
-                continue
-            out[(tp.topic, tp.partition)] = max(0, high - await self._consumer.position(tp))
+            high = ends.get(tp) if high is None else high
+            if high is not None:
+                out[(tp.topic, tp.partition)] = max(0, high - await self._consumer.position(tp))
         return out
 
     def assignment(self) -> list[TopicPartition]:

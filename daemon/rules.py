@@ -173,3 +173,7 @@ def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, st
 
 def _json_output(y: Any) -> Any:
     return y.tolist() if isinstance(y, np.ndarray) else int(y)
+
+
+RULE_KINDS: dict[str, type[IorRule]] = {IorRule.kind: IorRule}
+"""Rule classes by the ``kind`` a ``[[rules]]`` entry names."""

@@ -14,14 +14,14 @@ from daemon.config import Config
 from daemon.http import OpsServer
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, PipelineSettings
-from daemon.rules import IorRule
+from daemon.rules import RULE_KINDS
 from daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil")
 
 
 def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
-    rules = [IorRule(r) for r in config.rules]
+    rules = [RULE_KINDS[r.kind](r) for r in config.rules]
     out = config.outputs
     if config.kafka is not None:
         k = config.kafka

@@ -205,3 +205,62 @@ async def test_bad_input_goes_to_dead_letters_and_metrics_move(kafka_bootstrap, 
     finally:
         daemon.kill()
     assert orjson.loads(orjson.dumps(dead[0]))
+
+
+async def test_rebalance_moves_a_partition_and_its_series(kafka_bootstrap, tmp_path):
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    first = Daemon(kafka_bootstrap, tmp_path / "a", exactly_once=False)
+    second = Daemon(kafka_bootstrap, tmp_path / "b", exactly_once=False, tag=first.tag)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(first.topic, num_partitions=2, replication_factor=1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for i in range(200):
+            event = {"id": i, "model": "compas", "x": [i % 7 / 7] * 14, "y": i % 2}
+            await producer.send(first.topic, orjson.dumps(event), partition=i % 2)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    def lag_partitions(body: str) -> set[str]:
+        return set(
+            re.findall(rf'vigil_consumer_lag\{{partition="(\d)",topic="{first.topic}"\}}', body)
+        )
+
+    async def split() -> tuple[str, str]:
+        for _ in range(150):
+            a = await wait_http(first.port, "/metrics")
+            b = await wait_http(second.port, "/metrics")
+            pa, pb = lag_partitions(a), lag_partitions(b)
+            if len(pa) == len(pb) == 1 and pa | pb == {"0", "1"}:
+                return a, b
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"no split: {pa} / {pb}")
+
+    first.start()
+    try:
+        for _ in range(150):
+            if lag_partitions(await wait_http(first.port, "/metrics")) == {"0", "1"}:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the first daemon never held both partitions")
+        second.start()
+        a, b = await split()
+        gone = lag_partitions(b).pop()
+        assert f'vigil_history_size{{partition="{gone}"' not in a
+        assert f'vigil_consumer_lag{{partition="{gone}"' not in a
+        assert "vigil_assigned_partitions 1.0" in a and "vigil_assigned_partitions 1.0" in b
+        assert "partition_revoked" in first.log_text()
+    finally:
+        first.kill()
+        second.kill()
