@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rules.ior import InvalidDecision, Monitor, MonitorSpec
-from rules.ior.backends.kdtree import optimal_buffer_size
+from rules.ior.backends.periodic import optimal_buffer_size
 from tests.oracle import witness_sets
 
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rules.ior import BACKENDS, Monitor, MonitorSpec
-from tests.oracle import witness_sets
+from tests.oracle import largest_ratios, witness_sets
 
 EPS = [0.0, 1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
 METRICS = ["linf", "l2", "l1"]
@@ -21,12 +21,16 @@ BACKEND_OPTIONS = {
     "auto": st.just({}),
     "bruteforce": st.just({}),
     "kdtree": st.sampled_from([{}, {"buffer_size": 1}, {"buffer_size": 3}, {"buffer_size": 17}]),
+    "parallel": st.fixed_dictionaries(
+        {"blocks": st.integers(1, 3), "inner": st.sampled_from(["bruteforce", "auto", "snn"])}
+    ),
+    "snn": st.sampled_from([{}, {"buffer_size": 1}, {"buffer_size": 5}, {"buffer_size": 40}]),
 }
 
 
 def run_monitor(spec: MonitorSpec, backend: str, options: dict, x, y, sizes, snapshot_at):
     monitor = Monitor(spec, backend, **options)
-    got, pos = [], 0
+    got, ratios, pos = [], [], 0
     for b, size in enumerate(sizes):
         if b == snapshot_at:
             monitor = Monitor.restore(monitor.snapshot())
@@ -35,9 +39,11 @@ def run_monitor(spec: MonitorSpec, backend: str, options: dict, x, y, sizes, sna
         for i in range(size):
             idx, d = w.of(i)
             got.append(list(zip(idx.tolist(), d.tolist(), strict=True)))
+        if spec.quantitative:
+            ratios += list(zip(w.ratio.tolist(), w.ratio_witness.tolist(), strict=True))
         pos += size
     assert monitor.size == len(x)
-    return got
+    return got, ratios
 
 
 @st.composite
@@ -101,7 +107,13 @@ def small_streams(draw):
         rows.append(row)
     x = np.array(rows, dtype=float).reshape(n, dim)
     y, out_kw = draw(outputs(n))
-    spec_kw = {"dim": dim, "eps": eps, "metric": draw(st.sampled_from(METRICS)), **out_kw}
+    spec_kw = {
+        "dim": dim,
+        "eps": eps,
+        "metric": draw(st.sampled_from(METRICS)),
+        "quantitative": draw(st.booleans()),
+        **out_kw,
+    }
     if dim > 1 and draw(st.booleans()):
         spec_kw["ignore"] = tuple(draw(st.sets(st.integers(0, dim - 1), max_size=dim - 1)))
     if draw(st.booleans()):
@@ -142,24 +154,28 @@ def seeded_streams(draw):
     while left:
         sizes.append(int(min(left, rng.integers(1, draw(st.sampled_from([8, 64, 700]))))))
         left -= sizes[-1]
-    spec_kw = {"dim": dim, "eps": eps, "metric": draw(st.sampled_from(METRICS))}
+    spec_kw = {
+        "dim": dim,
+        "eps": eps,
+        "metric": draw(st.sampled_from(METRICS)),
+        "quantitative": draw(st.booleans()),
+    }
     return spec_kw, x, y, (sizes, draw(st.none() | st.integers(0, len(sizes) - 1)))
 
 
-def _oracle(spec_kw, x, y):
-    return [
-        [(j, d) for j, d in ws]
-        for ws in witness_sets(
-            x,
-            y,
-            spec_kw["eps"],
-            spec_kw.get("metric", "linf"),
-            spec_kw.get("delta", 0.0),
-            spec_kw.get("output_metric", "linf"),
-            spec_kw.get("scale"),
-            spec_kw.get("ignore", ()),
-        )
-    ]
+def check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at):
+    spec = MonitorSpec(**spec_kw)
+    if "blocks" in options:
+        options = {**options, "blocks": min(options["blocks"], spec.view_dim)}
+    got, ratios = run_monitor(spec, backend, options, x, y, sizes, snapshot_at)
+    common = (spec_kw.get("metric", "linf"),)
+    view = {"scale": spec_kw.get("scale"), "ignore": spec_kw.get("ignore", ())}
+    out_metric = spec_kw.get("output_metric", "linf")
+    assert got == witness_sets(
+        x, y, spec_kw["eps"], *common, spec_kw.get("delta", 0.0), out_metric, **view
+    )
+    if spec_kw.get("quantitative"):
+        assert ratios == largest_ratios(x, y, spec_kw["eps"], *common, out_metric, **view)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -168,8 +184,7 @@ def _oracle(spec_kw, x, y):
 def test_small_streams_match_oracle(backend, stream, data):
     spec_kw, x, y, (sizes, snapshot_at) = stream
     options = data.draw(BACKEND_OPTIONS[backend])
-    got = run_monitor(MonitorSpec(**spec_kw), backend, options, x, y, sizes, snapshot_at)
-    assert got == _oracle(spec_kw, x, y)
+    check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -178,5 +193,4 @@ def test_small_streams_match_oracle(backend, stream, data):
 def test_long_streams_match_oracle(backend, stream, data):
     spec_kw, x, y, (sizes, snapshot_at) = stream
     options = data.draw(BACKEND_OPTIONS[backend])
-    got = run_monitor(MonitorSpec(**spec_kw), backend, options, x, y, sizes, snapshot_at)
-    assert got == _oracle(spec_kw, x, y)
+    check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,8 @@ import numpy as np
 import orjson
 
 from rules.ior.backends import BACKENDS, Backend
-from rules.ior.backends.base import verify
+from rules.ior.backends.base import Verified, verify
+from rules.ior.embedding import OnnxEmbedding
 from rules.ior.history import History
 from rules.ior.spec import MonitorSpec, OutputKind
 from rules.ior.witnesses import Witnesses
@@ -33,10 +35,23 @@ class Monitor:
     compared with the whole history and with the rows before it in the same batch.
     """
 
-    def __init__(self, spec: MonitorSpec, backend: str = "auto", **options: Any) -> None:
+    def __init__(
+        self,
+        spec: MonitorSpec,
+        backend: str = "auto",
+        embedding: OnnxEmbedding | None = None,
+        **options: Any,
+    ) -> None:
+        """With ``embedding``, decisions' inputs are mapped through it and ``spec`` (its
+        ``dim``, ``ignore``, ``scale``) describes the embedding space."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+        if embedding is not None and embedding.dim not in (None, spec.dim):
+            raise ValueError(
+                f"the embedding has {embedding.dim} dimensions, spec.dim is {spec.dim}"
+            )
         self.spec = spec
+        self.embedding = embedding
         self.history = History(spec)
         self.backend: Backend = BACKENDS[backend](spec, self.history, **options)
 
@@ -52,15 +67,31 @@ class Monitor:
 
         ``ids`` name the decisions in results (default: their stream positions).
         """
+        if self.embedding is not None:
+            x = self._embed(x)
         x, y = self._validate(x, y)
         if ids is None:
             ids = range(self.size, self.size + len(x))
         elif len(ids) != len(x):
             raise ValueError(f"{len(ids)} ids for {len(x)} decisions")
         start, stop = self.history.append(self.spec.view(x), y, list(ids))
-        q, j = self.backend.advance(start, stop)
-        (q, j), d = verify(self.history, q, j)
-        return Witnesses.from_pairs(start, stop - start, q, j, d)
+        if start == stop:  # nothing to index or search
+            q = j = np.empty(0, dtype=np.int64)
+        else:
+            q, j = self.backend.advance(start, stop)
+        spec = self.spec
+        found = verify(self.history, q, j, 0.0 if spec.quantitative else spec.delta)
+        witnesses = found.d_out > spec.delta
+        result = Witnesses.from_pairs(
+            start,
+            stop - start,
+            found.query[witnesses],
+            found.index[witnesses],
+            found.d_in[witnesses],
+        )
+        if spec.quantitative:
+            result = result.with_ratios(*largest_ratios(start, stop - start, found))
+        return result
 
     def ids(self, positions: np.ndarray) -> list:
         """External ids of stream positions."""
@@ -68,6 +99,16 @@ class Monitor:
 
     def outputs(self, positions: np.ndarray) -> np.ndarray:
         return self.history.y[positions]
+
+    def _embed(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        bad = ~np.isfinite(x)
+        if x.ndim != 2 or bad.any():
+            if x.ndim != 2:
+                raise ValueError(f"inputs must be a 2-d array, got shape {x.shape}")
+            row, col = np.argwhere(bad)[0]
+            raise InvalidDecision(int(row), f"feature {col} is {x[row, col]} (must be finite)")
+        return self.embedding(x)
 
     def _validate(self, x: np.ndarray, y: np.ndarray | Sequence) -> tuple[np.ndarray, np.ndarray]:
         spec = self.spec
@@ -119,6 +160,9 @@ class Monitor:
             ),
             x=h.x,
             y=h.y,
+            embedding=np.frombuffer(
+                self.embedding.model_bytes if self.embedding else b"", dtype=np.uint8
+            ),
         )
         return _SNAPSHOT_MAGIC + buf.getvalue()
 
@@ -127,13 +171,38 @@ class Monitor:
         """Recreate a monitor from ``snapshot()`` output."""
         if not blob.startswith(_SNAPSHOT_MAGIC):
             raise ValueError("not an i.o.r. monitor snapshot")
-        with np.load(io.BytesIO(blob[len(_SNAPSHOT_MAGIC) :]), allow_pickle=False) as f:
-            header = orjson.loads(f["header"].tobytes())
-            ids = orjson.loads(f["ids"].tobytes())
-            x, y = f["x"], f["y"]
-        monitor = cls(MonitorSpec.from_dict(header["spec"]), header["backend"], **header["options"])
+        try:
+            with np.load(io.BytesIO(blob[len(_SNAPSHOT_MAGIC) :]), allow_pickle=False) as f:
+                header = orjson.loads(f["header"].tobytes())
+                ids = orjson.loads(f["ids"].tobytes())
+                x, y = f["x"], f["y"]
+                model = f["embedding"].tobytes()
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            raise ValueError(f"corrupt i.o.r. monitor snapshot: {e}") from None
+        embedding = OnnxEmbedding(model) if model else None
+        monitor = cls(
+            MonitorSpec.from_dict(header["spec"]), header["backend"], embedding, **header["options"]
+        )
         if len(x) != header["size"] or len(ids) != header["size"]:
             raise ValueError("snapshot is truncated: sizes disagree")
         monitor.history.append(x, y, ids)
         monitor.backend.rebuild()
         return monitor
+
+
+def largest_ratios(first: int, size: int, found: Verified) -> tuple[np.ndarray, np.ndarray]:
+    """Per decision, the largest ``d_out / d_in`` over earlier decisions within eps (inf for
+    an identical input with another output; 0 with no such decision) and its arg-max
+    position (the earliest on ties; -1 with none)."""
+    with np.errstate(divide="ignore"):
+        ratio = found.d_out / found.d_in
+    order = np.lexsort((found.index, -ratio, found.query))
+    q = found.query[order]
+    first_of_q = np.ones(len(q), dtype=bool)
+    first_of_q[1:] = q[1:] != q[:-1]
+    best = order[first_of_q]
+    ratios = np.zeros(size)
+    witness = np.full(size, -1, dtype=np.int64)
+    ratios[found.query[best] - first] = ratio[best]
+    witness[found.query[best] - first] = found.index[best]
+    return ratios, witness

@@ -35,6 +35,8 @@ class MonitorSpec:
 
     ``scale`` multiplies each raw feature before distances are taken; ``ignore`` lists raw
     feature indices left out of ``d_in`` (protected attributes, for individual fairness).
+    ``quantitative`` also reports, per decision, the largest ``d_out / d_in`` over earlier
+    decisions within eps (a local, data-driven Lipschitz estimate) and where it is attained.
     """
 
     dim: int
@@ -46,6 +48,7 @@ class MonitorSpec:
     output_dim: int = 1
     scale: tuple[float, ...] | None = None
     ignore: tuple[int, ...] = field(default_factory=tuple)
+    quantitative: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metric", InputMetric(self.metric))
@@ -104,6 +107,7 @@ class MonitorSpec:
             "output_dim": self.output_dim,
             "scale": list(self.scale) if self.scale is not None else None,
             "ignore": list(self.ignore),
+            "quantitative": self.quantitative,
         }
 
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,6 +16,10 @@ class Witnesses:
     offsets: np.ndarray
     index: np.ndarray
     distance: np.ndarray
+    ratio: np.ndarray | None = None
+    """Quantitative mode: per decision, the largest d_out / d_in within eps (0: none)."""
+    ratio_witness: np.ndarray | None = None
+    """Quantitative mode: the position attaining ``ratio`` (-1: none)."""
 
     @classmethod
     def from_pairs(
@@ -27,6 +31,9 @@ class Witnesses:
         offsets = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         return cls(first, offsets, index[order].astype(np.int64), distance[order])
+
+    def with_ratios(self, ratio: np.ndarray, witness: np.ndarray) -> Witnesses:
+        return replace(self, ratio=ratio, ratio_witness=witness)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

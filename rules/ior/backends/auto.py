@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rules.ior.backends.base import Backend, Pairs
+from rules.ior.backends.base import Backend, Pairs, expand_ranges
 from rules.ior.history import History
 from rules.ior.spec import MonitorSpec, OutputKind
 
@@ -135,15 +135,6 @@ class _Table:
         )
 
 
-def _expand(owner: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Flatten ranges ``[lo, hi)`` into (owner, slot) pairs without a Python loop."""
-    counts = hi - lo
-    total = int(counts.sum())
-    ends = np.cumsum(counts)
-    slots = np.arange(total, dtype=np.int64) + np.repeat(lo - (ends - counts), counts)
-    return np.repeat(owner, counts), slots
-
-
 class AutoBackend(Backend):
     name = "auto"
 
@@ -176,8 +167,8 @@ class AutoBackend(Backend):
         y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
         owner, probe = self._table.probes(x, y, self._labels)
         lo, hi = self._table.lookup(probe)
-        owner, slots = _expand(owner, lo, hi)
-        q, j = owner + start, self._table.positions[slots]
+        which, slots = expand_ranges(lo, hi)
+        q, j = owner[which] + start, self._table.positions[slots]
         keep = j < q
         return q[keep], j[keep]
 

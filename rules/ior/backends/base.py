@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import faiss
@@ -94,32 +95,54 @@ def flat_pairs(history: History, queries: np.ndarray, base: np.ndarray) -> Pairs
     return concat_pairs(out_q, out_j)
 
 
+def expand_ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten ranges ``[lo, hi)`` into (range number, slot) pairs without a Python loop."""
+    counts = hi - lo
+    ends = np.cumsum(counts)
+    slots = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    slots += np.repeat(lo - (ends - counts), counts)
+    return np.repeat(np.arange(len(lo)), counts), slots
+
+
 def concat_pairs(qs: list[np.ndarray], js: list[np.ndarray]) -> Pairs:
     if not qs:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     return np.concatenate(qs).astype(np.int64), np.concatenate(js).astype(np.int64)
 
 
-def verify(history: History, q: np.ndarray, j: np.ndarray) -> tuple[Pairs, np.ndarray]:
-    """Keep the candidate pairs that are witnesses by the exact definition."""
+@dataclass(frozen=True)
+class Verified:
+    """Candidate pairs that passed the exact check, with both distances."""
+
+    query: np.ndarray
+    index: np.ndarray
+    d_in: np.ndarray
+    d_out: np.ndarray
+
+
+def verify(
+    history: History, q: np.ndarray, j: np.ndarray, min_out: float, eps: float | None = None
+) -> Verified:
+    """Keep the pairs with ``j < q``, ``d_in <= eps`` (default: the spec's) and
+    ``d_out > min_out`` (for labels ``d_out`` is 1 for different labels, else 0)."""
     spec = history.spec
-    keep_q, keep_j, keep_d = [], [], []
+    eps = spec.eps if eps is None else eps
+    parts: list[tuple[np.ndarray, ...]] = []
     step = max(1, _VERIFY_BLOCK // max(1, history.x.shape[1]))
     for lo in range(0, len(q), step):
         qq, jj = q[lo : lo + step], j[lo : lo + step]
         d = input_distance(history.x[qq], history.x[jj], spec.metric)
-        ok = (d <= spec.eps) & (jj < qq) & _outputs_differ(history, qq, jj)
-        keep_q.append(qq[ok])
-        keep_j.append(jj[ok])
-        keep_d.append(d[ok])
-    if not keep_q:
+        out = _output_distance(history, qq, jj)
+        ok = (d <= eps) & (jj < qq) & (out > min_out)
+        parts.append((qq[ok], jj[ok], d[ok], out[ok]))
+    if not parts:
         empty = np.empty(0, dtype=np.int64)
-        return (empty, empty), np.empty(0)
-    return (np.concatenate(keep_q), np.concatenate(keep_j)), np.concatenate(keep_d)
+        return Verified(empty, empty, np.empty(0), np.empty(0))
+    return Verified(*(np.concatenate(col) for col in zip(*parts, strict=True)))
 
 
-def _outputs_differ(history: History, q: np.ndarray, j: np.ndarray) -> np.ndarray:
+def _output_distance(history: History, q: np.ndarray, j: np.ndarray) -> np.ndarray:
     spec, y = history.spec, history.y
     if spec.output is OutputKind.LABEL:
-        return y[q] != y[j]
-    return output_distance(y[q], y[j], spec.output_metric) > spec.delta
+        return (y[q] != y[j]).astype(np.float64)
+    return output_distance(y[q], y[j], spec.output_metric)
