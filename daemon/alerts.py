@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +38,7 @@ def witness_alerts(
         position = witnesses.first + i
         index, distance = witnesses.of(i)
         model, source = context(i)
-        yield {
+        alert = {
             "rule": rule,
             "model": model,
             "decision": {
@@ -56,3 +57,17 @@ def witness_alerts(
             "source": source,
             "detected_at": detected_at,
         }
+        if witnesses.ratio is not None:
+            alert["lipschitz"] = lipschitz(monitor, witnesses, i)
+        yield alert
+
+
+def lipschitz(monitor: Monitor, witnesses: Witnesses, i: int) -> dict[str, Any]:
+    """The quantitative-mode field: largest d_out / d_in (null when infinite: an identical
+    input with another output) and the decision attaining it."""
+    ratio = float(witnesses.ratio[i])
+    position = int(witnesses.ratio_witness[i])
+    return {
+        "ratio": ratio if math.isfinite(ratio) else None,
+        "witness": monitor.history.ids[position] if position >= 0 else None,
+    }

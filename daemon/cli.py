@@ -17,6 +17,7 @@ from daemon.logs import configure_logging
 from daemon.replay import ReplayOptions, replay
 from daemon.service import run_daemon
 from rules.ior import BACKENDS, InvalidDecision
+from rules.ior.backends import parse_backend
 
 DEMO_STREAM = "compas-stream.csv"
 """COMPAS recidivism predictions of a Certifair baseline model, in stream order."""
@@ -33,12 +34,19 @@ def _scale_pair(text: str) -> tuple[str, float]:
     return name, factor
 
 
-def _add_monitor_options(p: argparse.ArgumentParser, eps_required: bool) -> None:
+def _backend(text: str) -> str:
+    try:
+        parse_backend(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _add_monitor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--eps",
         type=float,
-        required=eps_required,
-        default=None if eps_required else 0.04,
+        required=True,
         help="input distance bound; the ball is closed (d_in <= eps)",
     )
     p.add_argument("--metric", choices=["linf", "l2", "l1"], default="linf")
@@ -49,8 +57,30 @@ def _add_monitor_options(p: argparse.ArgumentParser, eps_required: bool) -> None
         help="output distance bound for probability outputs (witness iff d_out > delta)",
     )
     p.add_argument("--output-metric", choices=["linf", "l1", "tv"], default="linf")
-    p.add_argument("--backend", choices=sorted(BACKENDS), default="auto")
+    p.add_argument(
+        "--backend",
+        type=_backend,
+        default="auto",
+        help=f"one of {', '.join(sorted(BACKENDS))}; parallel[:blocks[:inner]]",
+    )
     p.add_argument("--batch-size", type=int, default=4096, help="decisions checked together")
+    p.add_argument(
+        "--embedding",
+        type=Path,
+        metavar="MODEL.onnx",
+        help="compare inputs in the space of this ONNX model (semantic robustness)",
+    )
+    p.add_argument(
+        "--quantitative",
+        action="store_true",
+        help="also report each decision's largest d_out / d_in within eps",
+    )
+    p.add_argument(
+        "--ratio-threshold",
+        type=float,
+        metavar="T",
+        help="alert only on decisions whose largest d_out / d_in exceeds T",
+    )
     p.add_argument("--alerts-out", type=Path, help="write one JSON alert per flagged decision")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -91,14 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="multiply a feature before distances are taken",
     )
     p.add_argument("--id-column", help="column naming each decision (default: its row number)")
-    _add_monitor_options(p, eps_required=True)
+    _add_monitor_options(p)
 
     p = sub.add_parser(
         "demo", help="run the daemon pipeline on the bundled COMPAS stream (files, no broker)"
     )
     p.add_argument("--eps", type=float, default=0.04)
     p.add_argument("--metric", choices=["linf", "l2", "l1"], default="linf")
-    p.add_argument("--backend", choices=sorted(BACKENDS), default="auto")
+    p.add_argument("--backend", type=_backend, default="auto")
     p.add_argument(
         "--workdir",
         type=Path,
@@ -139,6 +169,9 @@ def _run_replay(
         id_column=id_column,
         alerts_out=args.alerts_out,
         progress=not args.no_progress,
+        embedding=args.embedding,
+        quantitative=args.quantitative,
+        ratio_threshold=args.ratio_threshold,
     )
     return replay(stream, opts)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -17,6 +18,8 @@ from tqdm import tqdm
 from connectors.csv_source import read_csv_stream
 from daemon.alerts import witness_alerts
 from rules.ior import Monitor, MonitorSpec, OutputKind
+from rules.ior.backends import parse_backend
+from rules.ior.embedding import OnnxEmbedding
 
 
 class LabelCodes:
@@ -65,6 +68,9 @@ class ReplayOptions:
     id_column: str | None = None
     alerts_out: Path | None = None
     progress: bool = True
+    embedding: Path | None = None
+    quantitative: bool = False
+    ratio_threshold: float | None = None
 
 
 def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
@@ -77,9 +83,22 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
     layout, batches = read_csv_stream(
         path, opts.decision_columns, opts.drop_columns, opts.id_column, opts.batch_size
     )
+    backend, backend_options = parse_backend(opts.backend)
+    dim, embedding = len(layout.features), None
+    if opts.embedding is not None:
+        if opts.ignore_columns or opts.scale:
+            raise ValueError("--ignore-columns and --scale do not apply with --embedding")
+        embedding = OnnxEmbedding(opts.embedding)
+        if embedding.input_dim not in (None, dim):
+            raise ValueError(
+                f"--embedding: the model takes {embedding.input_dim} features, the stream has {dim}"
+            )
+        dim = embedding.dim or embedding(np.zeros((1, dim))).shape[1]
+    quantitative = opts.quantitative or opts.ratio_threshold is not None
     spec = MonitorSpec(
-        dim=len(layout.features),
+        dim=dim,
         eps=opts.eps,
+        quantitative=quantitative,
         metric=opts.metric,
         delta=opts.delta,
         output_metric=opts.output_metric,
@@ -88,10 +107,11 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
         ignore=_feature_indices(layout.features, opts.ignore_columns, "--ignore-columns"),
         scale=_scale_vector(layout.features, opts.scale),
     )
-    monitor = Monitor(spec, opts.backend)
+    monitor = Monitor(spec, backend, embedding, **backend_options)
     labels = LabelCodes()
     output_value = labels.decode if spec.output is OutputKind.LABEL else _vector
-    flagged = pairs = decisions = 0
+    flagged = pairs = decisions = above = 0
+    max_ratio = 0.0
     sink = open(opts.alerts_out, "wb") if opts.alerts_out else nullcontext()  # noqa: SIM115
     bar = tqdm(
         desc="replay",
@@ -114,20 +134,30 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
             flagged += len(w.flagged)
             pairs += w.pairs
             bar.update(len(w))
-            if out is not None and len(w.flagged):
+            rows = w.flagged
+            if quantitative:
+                max_ratio = max(max_ratio, float(w.ratio.max(initial=0.0)))
+                if opts.ratio_threshold is not None:
+                    rows = rows[w.ratio[rows] > opts.ratio_threshold]
+                above += len(rows)
+            if out is not None and len(rows):
 
                 def context(i: int, rows=batch.rows) -> tuple[str, dict[str, Any]]:
                     return path.stem, {"file": str(path), "row": int(rows[i])}
 
-                for alert in witness_alerts("replay", monitor, w, context, output_value):
+                for alert in witness_alerts("replay", monitor, w, context, output_value, rows):
                     out.write(orjson.dumps(alert) + b"\n")
-    return {
+    summary = {
         "decisions": decisions,
         "flagged": flagged,
         "witness_pairs": pairs,
         "seconds": round(time.perf_counter() - started, 4),
         "backend": opts.backend,
     }
+    if quantitative:
+        summary["max_ratio"] = max_ratio if math.isfinite(max_ratio) else None
+        summary["alerted"] = above
+    return summary
 
 
 def _vector(y: np.ndarray) -> list[float]:

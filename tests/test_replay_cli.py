@@ -13,7 +13,8 @@ import pytest
 
 from daemon.cli import DEMO_STREAM, main
 from tests.conftest import load_stream
-from tests.oracle import witness_sets
+from tests.onnx_models import forward, mlp
+from tests.oracle import largest_ratios, witness_sets
 
 DEMO = Path(str(files("daemon") / "demo" / DEMO_STREAM))
 
@@ -192,3 +193,115 @@ def test_replay_real_streams_agree_with_the_oracle(certifair_dir, backend, strea
         sum(1 for ws in truth if ws),
         sum(map(len, truth)),
     )
+
+
+@pytest.mark.parametrize("backend", ["bdd", "snn", "parallel:3", "parallel:2:auto"])
+def test_replay_new_backends_on_the_bundled_stream(backend):
+    result = run_cli(
+        "replay",
+        str(DEMO),
+        "--decision-column",
+        "prediction",
+        "--drop-columns",
+        "label",
+        "--eps",
+        "0.04",
+        "--backend",
+        backend,
+        "--no-progress",
+    )
+    assert result.returncode == 0, result.stderr
+    summary = orjson.loads(result.stdout)
+    truth = witness_sets(*load_stream(DEMO), 0.04)
+    assert (summary["flagged"], summary["witness_pairs"], summary["backend"]) == (
+        sum(1 for ws in truth if ws),
+        sum(map(len, truth)),
+        backend,
+    )
+
+
+def test_replay_quantitative_threshold_alerts_on_large_ratios(tmp_path):
+    alerts_path = tmp_path / "q.jsonl"
+    result = run_cli(
+        "replay",
+        str(DEMO),
+        "--decision-column",
+        "prediction",
+        "--drop-columns",
+        "label",
+        "--eps",
+        "0.04",
+        "--ratio-threshold",
+        "50",
+        "--alerts-out",
+        str(alerts_path),
+        "--no-progress",
+    )
+    assert result.returncode == 0, result.stderr
+    x, y = load_stream(DEMO)
+    ratios = largest_ratios(x, y, 0.04)
+    expected = {n: r for n, r in enumerate(ratios) if r[0] > 50}
+    alerts = [orjson.loads(line) for line in alerts_path.read_bytes().splitlines()]
+    got = {
+        a["decision"]["id"]: (a["lipschitz"]["ratio"], a["lipschitz"]["witness"]) for a in alerts
+    }
+    assert got == {n: (None if r == float("inf") else r, j) for n, (r, j) in expected.items()}
+    summary = orjson.loads(result.stdout)
+    assert summary["alerted"] == len(expected) > 0
+    assert summary["max_ratio"] == max(r for r, _ in ratios)
+
+
+def test_replay_with_an_onnx_embedding(tmp_path):
+    rng = np.random.default_rng(3)
+    layers = [
+        (rng.integers(-8, 9, size=(14, 6)) / 8, rng.integers(-8, 9, size=6) / 8),
+        (rng.integers(-8, 9, size=(6, 3)) / 8, rng.integers(-8, 9, size=3) / 8),
+    ]
+    model = tmp_path / "embed.onnx"
+    model.write_bytes(mlp(layers))
+    result = run_cli(
+        "replay",
+        str(DEMO),
+        "--decision-column",
+        "prediction",
+        "--drop-columns",
+        "label",
+        "--eps",
+        "0.05",
+        "--embedding",
+        str(model),
+        "--metric",
+        "l2",
+        "--no-progress",
+    )
+    assert result.returncode == 0, result.stderr
+    x, y = load_stream(DEMO)
+    truth = witness_sets(forward(layers, x), y, 0.05, "l2")
+    summary = orjson.loads(result.stdout)
+    assert (summary["flagged"], summary["witness_pairs"]) == (
+        sum(1 for ws in truth if ws),
+        sum(map(len, truth)),
+    )
+    bad = run_cli(
+        "replay",
+        str(DEMO),
+        "--decision-column",
+        "prediction",
+        "--eps",
+        "0.05",
+        "--embedding",
+        str(model),
+    )
+    assert bad.returncode == 2 and "the model takes 14 features, the stream has 15" in bad.stderr
+
+
+def test_replay_rejects_bad_backend_specs():
+    for spec, message in [
+        ("annoy", "unknown backend 'annoy'"),
+        ("kdtree:3", "only parallel takes options"),
+        ("parallel:x", "blocks must be an integer"),
+    ]:
+        result = run_cli(
+            "replay", str(DEMO), "--decision-column", "prediction", "--eps", "1", "--backend", spec
+        )
+        assert result.returncode == 2 and message in result.stderr

@@ -2,21 +2,51 @@
 
 from rules.ior.backends.auto import AutoBackend
 from rules.ior.backends.base import Backend
+from rules.ior.backends.bdd import BDDBackend
 from rules.ior.backends.bruteforce import BruteForceBackend
 from rules.ior.backends.kdtree import KDTreeBackend
 from rules.ior.backends.parallel import ParallelBackend
 from rules.ior.backends.snn import SNNBackend
 
 BACKENDS: dict[str, type[Backend]] = {
-    b.name: b for b in (AutoBackend, BruteForceBackend, KDTreeBackend, ParallelBackend, SNNBackend)
+    b.name: b
+    for b in (
+        AutoBackend,
+        BDDBackend,
+        BruteForceBackend,
+        KDTreeBackend,
+        ParallelBackend,
+        SNNBackend,
+    )
 }
+
+
+def parse_backend(text: str) -> tuple[str, dict]:
+    """``name`` or ``parallel[:blocks[:inner]]`` -> (backend name, constructor options)."""
+    name, *rest = text.split(":")
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}")
+    if not rest:
+        return name, {}
+    if name != "parallel" or len(rest) > 2:
+        raise ValueError(f"{text!r}: only parallel takes options, as parallel[:blocks[:inner]]")
+    try:
+        options: dict = {"blocks": int(rest[0])}
+    except ValueError:
+        raise ValueError(f"{text!r}: blocks must be an integer") from None
+    if len(rest) == 2:
+        options["inner"] = rest[1]
+    return name, options
+
 
 __all__ = [
     "BACKENDS",
     "AutoBackend",
+    "BDDBackend",
     "Backend",
     "BruteForceBackend",
     "KDTreeBackend",
     "ParallelBackend",
     "SNNBackend",
+    "parse_backend",
 ]
