@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rules.ior import BACKENDS
+from rules.ior.backends import parse_backend
 
 
 class ConfigError(ValueError):
@@ -91,8 +91,7 @@ class IorRuleConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> IorRuleConfig:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r} is not one of {sorted(BACKENDS)}")
+        parse_backend(self.backend)
         if self.output == "label" and self.delta:
             raise ValueError("delta applies to probability outputs only")
         if self.dim is not None:

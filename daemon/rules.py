@@ -13,6 +13,7 @@ from connectors.events import Decision, Record
 from daemon.alerts import witness_alerts
 from daemon.config import IorRuleConfig
 from rules.ior import Monitor, MonitorSpec
+from rules.ior.backends import parse_backend
 
 
 @dataclass
@@ -63,7 +64,8 @@ class IorRule:
         if not good:
             return result
         if monitor is None:
-            monitor = self.monitors[tp] = Monitor(self._spec(dim, out_dim), self.config.backend)
+            name, options = parse_backend(self.config.backend)
+            monitor = self.monitors[tp] = Monitor(self._spec(dim, out_dim), name, **options)
         started = time.perf_counter()
         w = monitor.check_batch(x, y, [d.id for d in good])
         result.seconds = time.perf_counter() - started

@@ -118,3 +118,9 @@ def test_auto_replans_when_a_key_feature_stops_being_discrete():
 def test_amortised_buffer_size_grows_sublinearly():
     sizes = [optimal_buffer_size(n, 12) for n in (1_000, 100_000, 10_000_000)]
     assert sizes == sorted(sizes) and sizes[2] < 10_000_000 / 100
+
+
+def test_auto_picks_the_grid_for_tabular_and_brute_force_for_high_dimension():
+    assert Monitor(MonitorSpec(dim=30, eps=0.1)).backend.chosen.name == "grid"
+    assert Monitor(MonitorSpec(dim=3072, eps=0.1)).backend.chosen.name == "bruteforce"
+    assert Monitor(MonitorSpec(dim=3072, eps=0.1)).backend.plan is None

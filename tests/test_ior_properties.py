@@ -20,6 +20,7 @@ EPS = [0.0, 1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
 METRICS = ["linf", "l2", "l1"]
 BACKEND_OPTIONS = {
     "auto": st.just({}),
+    "grid": st.just({}),
     "bdd": st.fixed_dictionaries(
         {"ordering": st.sampled_from(["interleaved", "blocked"]), "reorder": st.booleans()}
     ),
@@ -198,6 +199,37 @@ def test_small_streams_match_oracle(backend, stream, data):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=seeded_streams(), data=st.data())
 def test_long_streams_match_oracle(backend, stream, data):
+    spec_kw, x, y, (sizes, snapshot_at) = stream
+    options = data.draw(BACKEND_OPTIONS[backend])
+    check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)
+
+
+@st.composite
+def wide_streams(draw):
+    """More than 64 features: flat scans search in L2 as a prefilter for L-inf and L1."""
+    dim = draw(st.integers(65, 160))
+    n = draw(st.integers(1, 250))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    x = rng.integers(0, 3, size=(n, dim)) / 4
+    dup = rng.random(n) < 0.3
+    x[dup] = x[rng.integers(0, n, size=n)[dup]]
+    eps = draw(st.sampled_from([0.0, 1 / 4, 1 / 2, 4.0]))
+    x = x + (rng.random((n, dim)) < 0.02) * rng.choice([-eps, eps], size=(n, dim))
+    y = rng.integers(0, 2, size=n)
+    spec_kw = {
+        "dim": dim,
+        "eps": eps,
+        "metric": draw(st.sampled_from(METRICS)),
+        "quantitative": draw(st.booleans()),
+    }
+    sizes = [int(s) for s in np.diff([0, *sorted(rng.integers(0, n, size=3)), n]) if s]
+    return spec_kw, x, y, (sizes, draw(st.none() | st.integers(0, len(sizes) - 1)))
+
+
+@pytest.mark.parametrize("backend", ["auto", "bruteforce", "kdtree", "snn", "parallel"])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=wide_streams(), data=st.data())
+def test_wide_streams_match_oracle(backend, stream, data):
     spec_kw, x, y, (sizes, snapshot_at) = stream
     options = data.draw(BACKEND_OPTIONS[backend])
     check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)

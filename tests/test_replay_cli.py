@@ -25,15 +25,16 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def replay_demo(*args: str) -> subprocess.CompletedProcess:
+    """`vigil replay` on the bundled stream (prediction column, label dropped)."""
+    return run_cli(
+        "replay", str(DEMO), "--decision-column", "prediction", "--drop-columns", "label", *args
+    )
+
+
 def test_replay_alerts_equal_the_oracle_on_the_bundled_stream(tmp_path):
     alerts_path = tmp_path / "alerts.jsonl"
-    result = run_cli(
-        "replay",
-        str(DEMO),
-        "--decision-column",
-        "prediction",
-        "--drop-columns",
-        "label",
+    result = replay_demo(
         "--eps",
         "0.04",
         "--batch-size",
@@ -197,13 +198,7 @@ def test_replay_real_streams_agree_with_the_oracle(certifair_dir, backend, strea
 
 @pytest.mark.parametrize("backend", ["bdd", "snn", "parallel:3", "parallel:2:auto"])
 def test_replay_new_backends_on_the_bundled_stream(backend):
-    result = run_cli(
-        "replay",
-        str(DEMO),
-        "--decision-column",
-        "prediction",
-        "--drop-columns",
-        "label",
+    result = replay_demo(
         "--eps",
         "0.04",
         "--backend",
@@ -222,13 +217,7 @@ def test_replay_new_backends_on_the_bundled_stream(backend):
 
 def test_replay_quantitative_threshold_alerts_on_large_ratios(tmp_path):
     alerts_path = tmp_path / "q.jsonl"
-    result = run_cli(
-        "replay",
-        str(DEMO),
-        "--decision-column",
-        "prediction",
-        "--drop-columns",
-        "label",
+    result = replay_demo(
         "--eps",
         "0.04",
         "--ratio-threshold",
@@ -259,13 +248,7 @@ def test_replay_with_an_onnx_embedding(tmp_path):
     ]
     model = tmp_path / "embed.onnx"
     model.write_bytes(mlp(layers))
-    result = run_cli(
-        "replay",
-        str(DEMO),
-        "--decision-column",
-        "prediction",
-        "--drop-columns",
-        "label",
+    result = replay_demo(
         "--eps",
         "0.05",
         "--embedding",

@@ -4,6 +4,7 @@ from rules.ior.backends.auto import AutoBackend
 from rules.ior.backends.base import Backend
 from rules.ior.backends.bdd import BDDBackend
 from rules.ior.backends.bruteforce import BruteForceBackend
+from rules.ior.backends.grid import GridBackend
 from rules.ior.backends.kdtree import KDTreeBackend
 from rules.ior.backends.parallel import ParallelBackend
 from rules.ior.backends.snn import SNNBackend
@@ -14,6 +15,7 @@ BACKENDS: dict[str, type[Backend]] = {
         AutoBackend,
         BDDBackend,
         BruteForceBackend,
+        GridBackend,
         KDTreeBackend,
         ParallelBackend,
         SNNBackend,
@@ -45,6 +47,7 @@ __all__ = [
     "BDDBackend",
     "Backend",
     "BruteForceBackend",
+    "GridBackend",
     "KDTreeBackend",
     "ParallelBackend",
     "SNNBackend",

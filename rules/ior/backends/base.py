@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,32 @@ FAISS_METRIC = {
     InputMetric.L2: faiss.METRIC_L2,
     InputMetric.L1: faiss.METRIC_L1,
 }
+
+HIGH_DIMENSION = 64
+"""Above this many compared features, flat L-inf and L1 scans search in L2 instead."""
+
+
+class FlatSearch:
+    """How a float32 flat scan finds candidates: Faiss metric and radius.
+
+    In high dimension an L2 scan (matrix products) is far faster than an L-inf or L1 scan,
+    and it is a superset: ``L-inf <= eps`` implies ``L2 <= sqrt(d) eps``, ``L1 <= eps``
+    implies ``L2 <= eps``. Where the stream is spread out, the wider L2 ball still prunes
+    almost everything; the exact check removes the rest.
+    """
+
+    def __init__(self, spec: MonitorSpec, dim: int) -> None:
+        self.metric, self.eps = spec.metric, spec.eps
+        if dim > HIGH_DIMENSION and spec.metric is not InputMetric.L2:
+            self.metric = InputMetric.L2
+            self.eps = spec.eps * (math.sqrt(dim) if spec.metric is InputMetric.LINF else 1.0)
+        self.dim = dim
+
+    def index(self) -> faiss.IndexFlat:
+        return faiss.IndexFlat(self.dim, FAISS_METRIC[self.metric])
+
+    def radius(self, max_abs: float) -> float:
+        return float32_search_radius(self.eps, max_abs, self.dim, self.metric)
 
 
 class Backend(ABC):
@@ -81,10 +108,11 @@ def flat_pairs(history: History, queries: np.ndarray, base: np.ndarray) -> Pairs
     """Candidates among ``base`` for ``queries`` (position arrays) by a Faiss flat scan:
     every pair within eps with base position < query position, plus float32 near-misses."""
     out_q, out_j = [], []
-    x, spec = history.x, history.spec
-    radius = float32_search_radius(spec.eps, history.max_abs, x.shape[1], spec.metric)
+    x = history.x
+    search = FlatSearch(history.spec, x.shape[1])
+    radius = search.radius(history.max_abs)
     for q, b in output_groups(history, queries, base):
-        index = faiss.IndexFlat(x.shape[1], FAISS_METRIC[spec.metric])
+        index = search.index()
         index.add(x[b].astype(np.float32))
         lims, _, found = index.range_search(x[q].astype(np.float32), radius)
         qq = np.repeat(q, np.diff(lims).astype(np.int64))

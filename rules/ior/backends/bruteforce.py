@@ -7,28 +7,26 @@ with a temporary flat index.
 
 from __future__ import annotations
 
-import faiss
 import numpy as np
 
 from rules.ior.backends.base import (
-    FAISS_METRIC,
     Backend,
+    FlatSearch,
     Pairs,
     concat_pairs,
     flat_pairs,
     may_differ,
     partitions,
 )
-from rules.ior.distance import float32_search_radius
 from rules.ior.history import History
-from rules.ior.spec import InputMetric, MonitorSpec
+from rules.ior.spec import MonitorSpec
 
 
 class _Partition:
     """The stored rows of one label (or all rows, for probability outputs)."""
 
-    def __init__(self, dim: int, metric: InputMetric) -> None:
-        self.index = faiss.IndexFlat(dim, FAISS_METRIC[metric])
+    def __init__(self, search: FlatSearch) -> None:
+        self.index = search.index()
         self.positions = np.empty(0, dtype=np.int64)
 
     def add(self, x: np.ndarray, positions: np.ndarray) -> None:
@@ -44,12 +42,13 @@ class BruteForceBackend(Backend):
         self.rebuild()
 
     def rebuild(self) -> None:
+        self._search = FlatSearch(self.spec, self.history.x.shape[1])
         self._parts: dict[int | None, _Partition] = {}
         self._add(np.arange(self.history.size))
 
     def advance(self, start: int, stop: int) -> Pairs:
         h, batch = self.history, np.arange(start, stop)
-        radius = float32_search_radius(self.spec.eps, h.max_abs, h.x.shape[1], self.spec.metric)
+        radius = self._search.radius(h.max_abs)
         xq = h.x[batch].astype(np.float32)
         qs, js = [], []
         for label, part in self._parts.items():
@@ -67,5 +66,5 @@ class BruteForceBackend(Backend):
         for label, sel in partitions(h, rows):
             part = self._parts.get(label)
             if part is None:
-                part = self._parts[label] = _Partition(h.x.shape[1], self.spec.metric)
+                part = self._parts[label] = _Partition(self._search)
             part.add(h.x[sel], sel)
