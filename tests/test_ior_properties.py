@@ -233,3 +233,13 @@ def test_wide_streams_match_oracle(backend, stream, data):
     spec_kw, x, y, (sizes, snapshot_at) = stream
     options = data.draw(BACKEND_OPTIONS[backend])
     check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=seeded_streams(), inner=st.sampled_from(["kdtree", "bdd"]))
+def test_parallel_blocks_in_worker_processes_match_oracle(stream, inner):
+    spec_kw, x, y, (sizes, snapshot_at) = stream
+    if inner == "bdd":
+        spec_kw = {**spec_kw, "metric": "linf"}
+    options = {"blocks": 2, "inner": inner, "workers": "processes"}
+    check_against_oracle(spec_kw, "parallel", options, x, y, sizes, snapshot_at)

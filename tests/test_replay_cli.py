@@ -196,7 +196,9 @@ def test_replay_real_streams_agree_with_the_oracle(certifair_dir, backend, strea
     )
 
 
-@pytest.mark.parametrize("backend", ["bdd", "snn", "parallel:3", "parallel:2:auto"])
+@pytest.mark.parametrize(
+    "backend", ["bdd", "grid", "snn", "parallel:3", "parallel:2:auto", "parallel:2:bdd:processes"]
+)
 def test_replay_new_backends_on_the_bundled_stream(backend):
     result = replay_demo(
         "--eps",

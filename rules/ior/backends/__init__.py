@@ -24,20 +24,21 @@ BACKENDS: dict[str, type[Backend]] = {
 
 
 def parse_backend(text: str) -> tuple[str, dict]:
-    """``name`` or ``parallel[:blocks[:inner]]`` -> (backend name, constructor options)."""
+    """``name`` or ``parallel[:blocks[:inner[:workers]]]`` -> (backend name, options)."""
     name, *rest = text.split(":")
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}")
     if not rest:
         return name, {}
-    if name != "parallel" or len(rest) > 2:
-        raise ValueError(f"{text!r}: only parallel takes options, as parallel[:blocks[:inner]]")
+    if name != "parallel" or len(rest) > 3:
+        raise ValueError(
+            f"{text!r}: only parallel takes options, as parallel[:blocks[:inner[:workers]]]"
+        )
     try:
         options: dict = {"blocks": int(rest[0])}
     except ValueError:
         raise ValueError(f"{text!r}: blocks must be an integer") from None
-    if len(rest) == 2:
-        options["inner"] = rest[1]
+    options.update(zip(("inner", "workers"), rest[1:], strict=False))
     return name, options
 
 
