@@ -41,7 +41,7 @@ a neighbour's cell; larger values make the feature ineligible for the grid."""
 _MAX_GRID = 6
 _PLAN_SAMPLE = 2048
 _FIRST_PLAN = 256
-_COST_PER_CANDIDATE = 12.0
+_COST_PER_CANDIDATE = 40.0
 _COST_PER_PROBE = 60.0
 
 
