@@ -49,9 +49,6 @@ class JsonLinesSource:
         topic, partition = self.tp
         return [Record(topic, partition, i, self._lines[i]) for i in range(start, stop)]
 
-    def exhausted(self) -> bool:
-        return self._next >= len(self._lines)
-
     async def commit(self, offsets: Offsets) -> None:
         if self.tp in offsets:
             atomic_write(self._offsets_file, json.dumps({"offset": offsets[self.tp]}).encode())

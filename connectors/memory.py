@@ -24,9 +24,6 @@ class MemorySource:
         self._next = stop
         return [Record(self.tp[0], 0, i, self.values[i]) for i in range(start, stop)]
 
-    def exhausted(self) -> bool:
-        return self._next >= len(self.values)
-
     async def commit(self, offsets: Offsets) -> None:
         self.commits.append(dict(offsets))
 

@@ -111,7 +111,7 @@ class Pipeline:
             for tp in tps:
                 if tp not in self._emit_from:
                     continue
-                self._snapshot(tp)
+                self._snapshot_if_changed(tp)
                 for rule in self._rules_for(tp[0]):
                     rule.drop(tp)
                     self._apply_from.pop((rule.name, tp), None)
@@ -231,6 +231,12 @@ class Pipeline:
         if self._unsnapshotted[tp] and (due_events or due_time):
             self._snapshot(tp)
 
+    def _snapshot_if_changed(self, tp: TopicPartition) -> None:
+        """Snapshot unless the newest snapshot already holds every committed record (so a
+        shutdown's final snapshot is not written again when the source revokes)."""
+        if self._unsnapshotted[tp]:
+            self._snapshot(tp)
+
     def _snapshot(self, tp: TopicPartition) -> None:
         """Snapshot every rule's state of ``tp`` at its committed offset (written in a
         thread; the bytes are taken now, so later batches do not leak in)."""
@@ -263,8 +269,7 @@ class Pipeline:
         """Snapshot every assigned partition now and wait for the files."""
         async with self._lock:
             for tp in list(self._emit_from):
-                if self._unsnapshotted[tp]:
-                    self._snapshot(tp)
+                self._snapshot_if_changed(tp)
             await self._flush_snapshots()
 
     async def _update_lag(self) -> None:

@@ -51,9 +51,6 @@ class Plan:
     grid: tuple[int, ...]
     by_label: bool
 
-    def to_dict(self) -> dict:
-        return {"keys": list(self.keys), "grid": list(self.grid), "by_label": self.by_label}
-
 
 def _mix(h: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Combine uint64 hash arrays (splitmix64 finaliser); arithmetic wraps by design."""

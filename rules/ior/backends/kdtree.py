@@ -24,6 +24,6 @@ class KDTreeBackend(PeriodicBackend):
         hits = index.query_ball_point(
             h.x[queries], radius, p=_MINKOWSKI_P[self.spec.metric], return_sorted=False
         )
-        counts = np.fromiter((len(x) for x in hits), dtype=np.int64, count=len(hits))
-        flat = np.fromiter((i for x in hits for i in x), dtype=np.int64, count=int(counts.sum()))
+        counts = np.fromiter(map(len, hits), dtype=np.int64, count=len(hits))
+        flat = np.concatenate(hits).astype(np.int64) if counts.any() else counts[:0]
         return np.repeat(queries, counts), flat
