@@ -273,5 +273,8 @@ class Pipeline:
             await self._flush_snapshots()
 
     async def _update_lag(self) -> None:
-        for (topic, partition), lag in (await self.source.lag()).items():
-            self.metrics.consumer_lag.labels(topic, str(partition)).set(lag)
+        lags = await self.source.lag()
+        async with self._lock:  # a partition revoked meanwhile must not get its series back
+            for (topic, partition), lag in lags.items():
+                if (topic, partition) in self._emit_from:
+                    self.metrics.consumer_lag.labels(topic, str(partition)).set(lag)
