@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import pkgutil
 import sys
 from importlib.resources import files
 from pathlib import Path
 
 import orjson
 
+import daemon.commands
 from connectors.csv_source import StreamFormatError
 from daemon.config import load_config
 from daemon.demo import run_demo
@@ -141,6 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-config", help="validate a configuration file and exit")
     p.add_argument("config", type=Path)
+
+    groups = {
+        None: sub,
+        "verify": sub.add_parser(
+            "verify", help="verify a network (reachability, mini-batch MILP robustness)"
+        ).add_subparsers(dest="target", required=True),
+        "certify": sub.add_parser(
+            "certify", help="certify decisions (KNN fairness, counterfactual robustness)"
+        ).add_subparsers(dest="target", required=True),
+    }
+    for info in pkgutil.iter_modules(daemon.commands.__path__):
+        module = importlib.import_module(f"daemon.commands.{info.name}")
+        module.register(groups[module.GROUP])
     return parser
 
 
@@ -180,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "handler"):
+            return args.handler(args)
         if args.command == "replay":
             if not args.stream.is_file():
                 raise ValueError(f"{args.stream}: no such file")
