@@ -1,0 +1,434 @@
+"""The online verifier: re-establish ``f^t(X(t)) ⊆ Y`` at every time step, reusing what still holds.
+
+Six accelerations of Wei & Liu, each switchable:
+
+* BMI — on an input-set change keep the branches; a branch whose new set lies inside the set its
+  result was computed for reuses that result; the others are recomputed.
+* RSR — compute each branch over its set loosened by ``gamma`` so later drift stays inside it.
+* LB — a holding branch also stays valid while the input drift since it was computed is within
+  its output margin divided by the network's Lipschitz bound.
+* BMW — on a weight change keep the branches and recompute their reach sets (no re-branching).
+* INN — compute over an interval network ``W +- r`` (r a multiple of the largest one-step change
+  seen per layer); while later weights stay inside the intervals, nothing is recomputed. Only an
+  interval that still verifies is useful: when a rebuild over the interval network covers
+  ``rebuild_drop`` less than the last rebuild over the exact one, the multiple is halved.
+* IC — when only a suffix of the layers changed, restart propagation from the cached bounds of the
+  first changed layer's input.
+
+Without BMI (BMW) a changed input set (network) means reach + branch from scratch. All branches
+are rebuilt when the coverage rate falls ``rebuild_drop`` below its value after the last rebuild.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from rules.reach.basis import sample
+from rules.reach.branch import (
+    EMPTY,
+    UNKNOWN,
+    VIOLATED,
+    Branches,
+    assemble,
+    evaluate,
+    grow,
+    reach_and_branch,
+)
+from rules.reach.network import Network
+from rules.reach.sets import InputSet, OutputSpec
+from rules.reach.symbolic import LayerInput
+
+_MIN_INN_SCALE = 1 / 16
+ACCELERATIONS = ("bmi", "rsr", "lb", "bmw", "inn", "ic")
+
+
+@dataclass(frozen=True)
+class Accelerations:
+    """Which accelerations run; ``rsr`` is the offset gamma and ``inn`` the interval range as a
+    multiple of the largest one-step layer change (0 switches either off)."""
+
+    bmi: bool = False
+    rsr: float = 0.0
+    lb: bool = False
+    bmw: bool = False
+    inn: float = 0.0
+    ic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rsr < 0 or self.inn < 0:
+            raise ValueError(f"rsr and inn must be >= 0, got {self.rsr} and {self.inn}")
+
+    @classmethod
+    def parse(cls, text: str, rsr: float = 1e-3, inn: float = 5.0) -> Accelerations:
+        """From names joined by '+', e.g. ``"bmw+inn+ic"``; ``""`` or ``"none"`` for none."""
+        names = {n.strip().lower() for n in text.split("+") if n.strip()} - {"none"}
+        unknown = names - set(ACCELERATIONS)
+        if unknown:
+            raise ValueError(
+                f"unknown accelerations {sorted(unknown)}; choose from {ACCELERATIONS}"
+            )
+        return cls(
+            bmi="bmi" in names,
+            rsr=rsr if "rsr" in names else 0.0,
+            lb="lb" in names,
+            bmw="bmw" in names,
+            inn=inn if "inn" in names else 0.0,
+            ic="ic" in names,
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One verification step's outcome."""
+
+    status: str  # holds | violated | unknown
+    coverage: float
+    branches: int
+    reused: int
+    recomputed: int
+    rebuilt: bool
+    seconds: float
+    counterexample: list[float] | None
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status,
+            "coverage": self.coverage,
+            "branches": self.branches,
+            "reused": self.reused,
+            "recomputed": self.recomputed,
+            "rebuilt": self.rebuilt,
+            "seconds": self.seconds,
+            "counterexample": self.counterexample,
+        }
+
+
+def lipschitz_bound(weights: list[np.ndarray]) -> float:
+    """An L2 Lipschitz bound of a ReLU network: the product of the layers' spectral norms."""
+    return float(np.prod([np.linalg.norm(w, 2) for w in weights]))
+
+
+def overall(branches: Branches) -> tuple[str, list[float] | None]:
+    """The verdict over all branches, with a counterexample when one was found."""
+    violated = np.flatnonzero(branches.status == VIOLATED)
+    if violated.size:
+        return "violated", branches.basis.points(branches.point[violated[:1]])[0].tolist()
+    return ("holds" if branches.verified.all() else "unknown"), None
+
+
+class OnlineVerifier:
+    """Keeps the branch set and its results between steps; see the module docstring."""
+
+    def __init__(
+        self,
+        spec: OutputSpec,
+        *,
+        max_branches: int = 250,
+        accelerations: Accelerations | None = None,
+        method: str = "symbolic",
+        coverage_samples: int = 1000,
+        rebuild_drop: float = 0.05,
+        seed: int = 0,
+    ) -> None:
+        if max_branches < 1 or coverage_samples < 1:
+            raise ValueError("max_branches and coverage_samples must be >= 1")
+        self.spec = spec
+        self.max_branches = max_branches
+        self.acc = accelerations or Accelerations()
+        self.method = method
+        self.coverage_samples = coverage_samples
+        self.rebuild_drop = rebuild_drop
+        self._rng = np.random.default_rng(seed)
+        self.branches: Branches | None = None
+        self._inputs: InputSet | None = None
+        self._network: Network | None = None
+        self._centre: Network | None = None  # the weights the results were computed around
+        self._radius: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._ranges = np.zeros(0)  # interval half-width per layer (0 without INN)
+        self._change: np.ndarray | None = None  # largest one-step change seen, per layer
+        self._coverage_now = 0.0
+        self._lipschitz: float | None = None
+        self._samples: np.ndarray | None = None
+        self._sample_branch = np.zeros(0, dtype=np.int64)
+        self._boxes: tuple | None = None  # tightened boxes of the branches for the last input set
+        self._baseline_coverage = 0.0
+        self._exact_coverage = 0.0  # coverage of the last rebuild without interval weights
+        self._inn_scale = 1.0  # halved while the interval network loses coverage
+        self._rebuild_next = False
+
+    def step(self, inputs: InputSet, network: Network) -> StepResult:
+        """Verify ``network`` on ``inputs`` now, reusing earlier results where still valid."""
+        if inputs.dim != network.input_dim or network.output_dim != self.spec.output_dim:
+            raise ValueError(
+                f"network maps {network.input_dim} -> {network.output_dim}, but the input set has "
+                f"{inputs.dim} dimensions and the spec {self.spec.output_dim} outputs"
+            )
+        start = time.perf_counter()
+        first_changed = self._observe(network)
+        input_changed = self._inputs is None or not _same_set(inputs, self._inputs)
+        rebuild = (
+            self.branches is None
+            or self._rebuild_next
+            or first_changed == -1
+            or (input_changed and not self.acc.bmi)
+            or (first_changed is not None and not self.acc.bmw)
+        )
+        if rebuild:
+            reused, recomputed = 0, self._rebuild(inputs, network)
+        else:
+            reused, recomputed = self._update(inputs, network, first_changed, input_changed)
+        self._inputs, self._network = inputs, network
+        if rebuild or recomputed or input_changed:
+            self._coverage_now = self._coverage(inputs, fresh=rebuild)
+        coverage = self._coverage_now
+        shrink = False
+        if rebuild:
+            self._baseline_coverage = coverage
+            if not self._ranges.any():
+                self._exact_coverage = coverage
+            elif coverage < self._exact_coverage - self.rebuild_drop:
+                shrink = True  # the interval is too wide to verify what the network satisfies
+                self._inn_scale = self._inn_scale / 2 if self._inn_scale > _MIN_INN_SCALE else 0.0
+        self._rebuild_next = shrink or coverage < self._baseline_coverage - self.rebuild_drop
+        status, point = overall(self.branches)
+        return StepResult(
+            status,
+            coverage,
+            len(self.branches),
+            reused,
+            recomputed,
+            rebuild,
+            time.perf_counter() - start,
+            point,
+        )
+
+    def _observe(self, network: Network) -> int | None:
+        """First layer whose weights changed since the last step (None: none, -1: new shape)."""
+        old = self._network
+        if old is None:
+            return None
+        if [w.shape for w in old.weights] != [w.shape for w in network.weights]:
+            return -1
+        change = np.array(
+            [
+                max(np.abs(w - v).max(), np.abs(b - c).max())
+                for w, v, b, c in zip(
+                    network.weights, old.weights, network.biases, old.biases, strict=True
+                )
+            ]
+        )
+        self._change = change if self._change is None else np.maximum(self._change, change)
+        changed = np.flatnonzero(change)
+        return int(changed[0]) if changed.size else None
+
+    def _interval(self, network: Network) -> None:
+        """Centre the interval network on the current weights."""
+        self._centre = network
+        self._lipschitz = None
+        change = self._change if self._change is not None else np.zeros(len(network.weights))
+        self._ranges = self.acc.inn * self._inn_scale * change
+        self._radius = (
+            [
+                (np.full(w.shape, r), np.full(b.shape, r))
+                for w, b, r in zip(network.weights, network.biases, self._ranges, strict=True)
+            ]
+            if self.acc.inn
+            else None
+        )
+
+    def _weights_valid(self, network: Network) -> bool:
+        if self._centre is None:
+            return False
+        centre = self._centre
+        return all(
+            np.abs(w - cw).max() <= r and np.abs(b - cb).max() <= r
+            for w, b, cw, cb, r in zip(
+                network.weights,
+                network.biases,
+                centre.weights,
+                centre.biases,
+                self._ranges,
+                strict=True,
+            )
+        )
+
+    def _rebuild(self, inputs: InputSet, network: Network) -> int:
+        self._interval(network)
+        self.branches = reach_and_branch(
+            network,
+            inputs,
+            self.spec,
+            self.max_branches,
+            method=self.method,
+            radius=self._radius,
+            relax=self.acc.rsr,
+        )
+        self._samples = self._boxes = None
+        return len(self.branches)
+
+    def _update(
+        self, inputs: InputSet, network: Network, first_changed: int | None, input_changed: bool
+    ) -> tuple[int, int]:
+        br = self.branches
+        basis = br.basis
+        region = basis.inputs(inputs)
+        work_region = basis.inputs(inputs.relaxed(self.acc.rsr)) if self.acc.rsr else region
+        if input_changed or self._boxes is None:
+            lo, hi, empty = region.tighten(br.split_lo, br.split_hi)
+            work = (
+                work_region.tighten(br.split_lo, br.split_hi) if self.acc.rsr else (lo, hi, empty)
+            )
+            self._boxes = (lo, hi, empty, *work)
+        lo, hi, empty, work_lo, work_hi, work_empty = self._boxes
+        weights_ok = first_changed is None or self._weights_valid(network)
+        same_box = np.all((work_lo == br.box_lo) & (work_hi == br.box_hi), axis=1)
+        inside = np.all((lo >= br.box_lo) & (hi <= br.box_hi), axis=1)
+        holding = br.verified
+        valid = same_box | (holding & inside) if self.acc.bmi else same_box.copy()
+        if self.acc.lb:
+            valid |= holding & self._lipschitz_tolerates(lo, hi)
+        valid &= weights_ok
+        valid &= ~((br.status == VIOLATED) & ~self._still_violated(inputs, network))
+        now_empty = empty & ~valid
+        br.status[now_empty] = EMPTY
+        br.box_lo[now_empty], br.box_hi[now_empty] = lo[now_empty], hi[now_empty]
+        valid |= now_empty
+        todo = np.flatnonzero(~valid)
+        if todo.size == 0:
+            return len(br), 0
+        recentre = not weights_ok
+        while True:
+            start = self._recentre(network, first_changed) if recentre else 0
+            u_network, u_radius = basis.network(network), basis.radius(self._radius)
+            incremental = same_box[todo] if start else np.zeros(todo.size, dtype=bool)
+            for part, layer in ((incremental, start), (~incremental, 0)):
+                if not part.any():
+                    continue
+                index = todo[part]
+                ev = evaluate(
+                    u_network,
+                    region,
+                    self.spec,
+                    work_lo[index],
+                    work_hi[index],
+                    work_empty[index],
+                    method=self.method,
+                    radius=u_radius,
+                    start=layer,
+                    cached=br.inputs[layer].take(index) if layer else None,
+                )
+                br.box_lo[index], br.box_hi[index] = work_lo[index], work_hi[index]
+                br.status[index], br.upper[index], br.point[index] = ev.status, ev.upper, ev.point
+                for offset, state in enumerate(ev.inputs):
+                    _put(br.inputs, layer + offset, index, state)
+            refined = self._refine(region, work_region, u_network, u_radius)
+            br = self.branches
+            if not (recentre and self._inn_scale) or self._interval_verifies(inputs):
+                return len(br) - todo.size, int(todo.size) + refined
+            self._inn_scale = self._inn_scale / 2 if self._inn_scale > _MIN_INN_SCALE else 0.0
+            todo = np.arange(len(br))
+            work_lo, work_hi, work_empty = br.box_lo, br.box_hi, br.status == EMPTY
+            same_box = np.ones(len(br), dtype=bool)
+
+    def _recentre(self, network: Network, first_changed: int | None) -> int:
+        """Centre the interval on ``network``; returns the layer recomputation may start from
+        (IC: the first changed layer, when the intervals of the layers before it are unchanged)."""
+        kept = self._ranges
+        self._interval(network)
+        if not (self.acc.ic and first_changed):
+            return 0
+        unchanged = np.array_equal(kept[:first_changed], self._ranges[:first_changed])
+        return first_changed if unchanged else 0
+
+    def _interval_verifies(self, inputs: InputSet) -> bool:
+        """Whether the interval network, refined within the budget, keeps the coverage of the
+        last rebuild over the exact network."""
+        return self._coverage(inputs, fresh=False) >= self._exact_coverage - self.rebuild_drop
+
+    def _refine(
+        self,
+        region: InputSet,
+        work_region: InputSet,
+        network: Network,
+        radius: list[tuple[np.ndarray, np.ndarray]] | None,
+    ) -> int:
+        """Bisect branches left unknown, within the branch budget; returns the branches computed."""
+        br = self.branches
+        parents = np.flatnonzero(br.status == UNKNOWN)
+        budget = self.max_branches - (len(br) - parents.size)
+        if parents.size == 0 or budget <= parents.size:
+            return 0
+        parts = grow(
+            network,
+            region,
+            work_region,
+            self.spec,
+            br.split_lo[parents],
+            br.split_hi[parents],
+            budget,
+            method=self.method,
+            radius=radius,
+        )
+        keep = np.setdiff1d(np.arange(len(br)), parents)
+        self.branches = assemble(br.basis, [br.part(keep), *parts])
+        self._boxes = None
+        if self._samples is not None:
+            self._sample_branch = self.branches.locate(self._samples)
+        return sum(p.split_lo.shape[0] for p in parts)
+
+    def _lipschitz_tolerates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Which branches' input drift (in u coordinates) their output margins absorb."""
+        br = self.branches
+        if self._lipschitz is None:
+            weights = list(self._centre.weights)
+            if self.acc.inn:
+                weights = [np.abs(w) + r for w, r in zip(weights, self._ranges, strict=True)]
+                weights[0] = weights[0] @ np.abs(br.basis.to_x)
+            else:
+                weights[0] = weights[0] @ br.basis.to_x
+            self._lipschitz = lipschitz_bound(weights)
+        drift = np.linalg.norm(np.maximum(0.0, np.maximum(br.box_lo - lo, hi - br.box_hi)), axis=1)
+        margin = self.spec.d - br.upper  # (B, k)
+        scale = np.linalg.norm(self.spec.C, axis=1) * self._lipschitz
+        with np.errstate(invalid="ignore"):
+            return np.all(drift[:, None] * scale <= margin, axis=1)
+
+    def _still_violated(self, inputs: InputSet, network: Network) -> np.ndarray:
+        br = self.branches
+        result = np.zeros(len(br), dtype=bool)
+        rows = np.flatnonzero(br.status == VIOLATED)
+        if rows.size:
+            x = br.basis.points(br.point[rows])
+            result[rows] = (self.spec.violation(network.logits(x)) > 0) & inputs.contains(x)
+        return result
+
+    def _coverage(self, inputs: InputSet, fresh: bool) -> float:
+        """Share of the input set in verified branches, on samples drawn at the last rebuild
+        (each located once in its branch) that still lie in the set."""
+        br = self.branches
+        inside = None
+        if not fresh and self._samples is not None:
+            inside = inputs.contains(self._samples)
+        if inside is None or inside.sum() < self.coverage_samples // 2:
+            self._samples = sample(inputs, self.coverage_samples, self._rng, br.basis)
+            self._sample_branch = br.locate(self._samples)
+            inside = np.ones(self.coverage_samples, dtype=bool)
+        index = self._sample_branch[inside]
+        return float(np.mean((index >= 0) & br.verified[np.maximum(index, 0)]))
+
+
+def _same_set(a: InputSet, b: InputSet) -> bool:
+    return (
+        np.array_equal(a.lower, b.lower)
+        and np.array_equal(a.upper, b.upper)
+        and np.array_equal(a.A, b.A)
+        and np.array_equal(a.b, b.b)
+    )
+
+
+def _put(layers: list[LayerInput], i: int, index: np.ndarray, state: LayerInput) -> None:
+    for name in ("low", "up", "lo", "hi"):
+        getattr(layers[i], name)[index] = getattr(state, name)
