@@ -45,6 +45,8 @@ class KafkaSource:
             isolation_level=isolation_level,
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(500, session_timeout_ms // 5),
+            # a topic created after start (say, the first model update) is found this soon
+            metadata_max_age_ms=15_000,
         )
         self.group_id = group_id
 

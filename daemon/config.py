@@ -6,9 +6,11 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rules.ior.backends import parse_backend
+from rules.reach.online import Accelerations
 
 
 class ConfigError(ValueError):
@@ -46,8 +48,22 @@ class FilesConfig(_Section):
 class OutputsConfig(_Section):
     alerts_topic: str = "vigil.alerts"
     dead_letter_topic: str = "vigil.dead-letters"
+    verifications_topic: str = "vigil.verifications"
+    certifications_topic: str = "vigil.certifications"
     alerts_file: Path | None = None
     dead_letter_file: Path | None = None
+    verifications_file: Path | None = None
+    certifications_file: Path | None = None
+
+
+class OffloadConfig(_Section):
+    """The worker-process pool for certifications."""
+
+    workers: Annotated[int, Field(ge=1)] = 2
+    max_pending: Annotated[int, Field(ge=1)] = Field(
+        default=64, description="jobs in flight before fetching pauses (backpressure)"
+    )
+    timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
 
 
 class MetricsConfig(_Section):
@@ -102,15 +118,86 @@ class IorRuleConfig(_Section):
         return self
 
 
+class ReachRuleConfig(_Section):
+    """Online reachability verification of one model on the inputs it currently sees."""
+
+    name: Annotated[str, Field(min_length=1)]
+    kind: Literal["reach"]
+    topic: str = Field(description="the decisions topic")
+    model: str = Field(description="the model whose decisions and updates are verified")
+    models_topic: str | None = Field(
+        default=None, description="model updates ({model, version, onnx | uri}); none if unset"
+    )
+    onnx: Path | None = Field(default=None, description="the model to start with")
+    window: Annotated[int, Field(ge=1)] = Field(
+        default=1000, description="the input set is a box around the last `window` inputs"
+    )
+    eps: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=0.0, description="margin added around that box on every side"
+    )
+    C: list[list[float]] = Field(description="output spec C y <= d, one row per constraint")
+    d: list[float]
+    max_branches: Annotated[int, Field(ge=1)] = 250
+    accelerations: str = "bmi+lb+bmw+inn+ic"
+    inn_range: Annotated[float, Field(gt=0)] = 5.0
+    rsr_gamma: Annotated[float, Field(gt=0)] = 1e-3
+    timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
+
+    @model_validator(mode="after")
+    def _check(self) -> ReachRuleConfig:
+        Accelerations.parse(self.accelerations)
+        c = np.array(self.C, dtype=float) if self.C else np.zeros((0, 0))
+        if c.ndim != 2 or c.shape[0] != len(self.d) or c.shape[0] == 0:
+            raise ValueError(f"C needs one non-empty row per entry of d ({len(self.d)})")
+        if self.onnx is None and self.models_topic is None:
+            raise ValueError("set onnx (a starting model) or models_topic (updates), or both")
+        return self
+
+
+class CertifyRuleConfig(_Section):
+    """Certification requests from a topic, each run as one job in the offload pool."""
+
+    name: Annotated[str, Field(min_length=1)]
+    kind: Literal["certify"]
+    job: Literal["knn", "cfx", "batch"]
+    topic: str = Field(description="the requests topic; its commits wait for the results")
+
+
+class CfxRuleConfig(_Section):
+    """Robustness of the counterfactual explanations that arrive with decisions (``cfx``)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    kind: Literal["cfx"]
+    topic: str
+    model: str | None = Field(default=None, description="only this model's decisions")
+    onnx: Path = Field(description="the model the counterfactuals explain")
+    target: Annotated[int, Field(ge=0)] = 1
+    gamma: Annotated[float, Field(gt=0, lt=1)] = 0.999
+    R: Annotated[float, Field(gt=0, lt=1)] = 0.995
+    min_delta: Annotated[float, Field(ge=0)] = Field(
+        default=0.0, description="alert when a counterfactual's delta_max is below this"
+    )
+
+
+RuleConfig = Annotated[
+    IorRuleConfig | ReachRuleConfig | CertifyRuleConfig | CfxRuleConfig,
+    Field(discriminator="kind"),
+]
+
+
+_RULE_KINDS = ("ior", "reach", "certify", "cfx")
+
+
 class Config(_Section):
     kafka: KafkaConfig | None = None
     files: FilesConfig | None = None
     outputs: OutputsConfig = OutputsConfig()
+    offload: OffloadConfig = OffloadConfig()
     metrics: MetricsConfig = MetricsConfig()
     state: StateConfig = StateConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     logging: LoggingConfig = LoggingConfig()
-    rules: Annotated[list[IorRuleConfig], Field(min_length=1)]
+    rules: Annotated[list[RuleConfig], Field(min_length=1)]
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -124,7 +211,32 @@ class Config(_Section):
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
             raise ValueError(f"rule names must be unique: {', '.join(duplicated)}")
+        held = {r.topic for r in self.rules if r.kind == "certify"}
+        for r in self.rules:
+            if r.kind != "certify" and held & {r.topic, getattr(r, "models_topic", None)}:
+                raise ValueError(
+                    f"rule {r.name!r} reads a certify rule's requests topic; requests need a "
+                    "topic of their own (their commits wait for results)"
+                )
+        if self.files is not None:
+            self._check_files()
         return self
+
+    def _check_files(self) -> None:
+        kinds = {r.kind for r in self.rules}
+        needed = {
+            "verifications_file": "reach" in kinds,
+            "certifications_file": bool(kinds & {"certify", "cfx"}),
+        }
+        for key, used in needed.items():
+            if used and getattr(self.outputs, key) is None:
+                raise ValueError(f"[files] with these rules needs outputs.{key}")
+        for r in self.rules:
+            if r.topic != self.files.topic or getattr(r, "models_topic", None):
+                raise ValueError(
+                    f"rule {r.name!r}: the [files] source has the one topic "
+                    f"{self.files.topic!r}; models_topic and other topics need [kafka]"
+                )
 
 
 def parse_config(data: dict, origin: str = "config") -> Config:
@@ -133,7 +245,10 @@ def parse_config(data: dict, origin: str = "config") -> Config:
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            loc = list(err["loc"])
+            if loc[:1] == ["rules"] and len(loc) > 2 and loc[2] in _RULE_KINDS:
+                del loc[2]  # the union's tag: the user wrote rules[i].key, not rules[i].kind.key
+            key = ".".join(str(p) for p in loc) or "(top level)"
             lines.append(f"  {key}: {err['msg']}")
         raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(lines)) from None
 
@@ -158,10 +273,19 @@ def _resolve_paths(config: Config, base: Path) -> Config:
     updates: dict = {"state": config.state.model_copy(update={"dir": fix(config.state.dir)})}
     updates["outputs"] = config.outputs.model_copy(
         update={
-            "alerts_file": fix(config.outputs.alerts_file),
-            "dead_letter_file": fix(config.outputs.dead_letter_file),
+            key: fix(getattr(config.outputs, key))
+            for key in (
+                "alerts_file",
+                "dead_letter_file",
+                "verifications_file",
+                "certifications_file",
+            )
         }
     )
+    updates["rules"] = [
+        r.model_copy(update={"onnx": fix(r.onnx)}) if getattr(r, "onnx", None) else r
+        for r in config.rules
+    ]
     if config.files is not None:
         updates["files"] = config.files.model_copy(
             update={"decisions": fix(config.files.decisions)}

@@ -68,6 +68,37 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.offload_pending = Gauge(
+            "vigil_offload_pending_jobs",
+            "Jobs submitted to an offload pool and not finished (queued or running).",
+            ["pool"],
+            registry=r,
+        )
+        self.jobs = Counter(
+            "vigil_offload_jobs",
+            "Finished offload jobs by pool, kind and outcome (ok, invalid, error, timeout).",
+            ["pool", "kind", "outcome"],
+            registry=r,
+        )
+        self.job_seconds = Histogram(
+            "vigil_offload_job_seconds",
+            "Time from submission to result of one offload job (queueing included).",
+            ["pool", "kind"],
+            buckets=(*LATENCY_BUCKETS, 30, 60, 300),
+            registry=r,
+        )
+        self.verifications = Counter(
+            "vigil_verifications",
+            "Online verification steps by rule and status (holds, violated, unknown, error).",
+            ["rule", "status"],
+            registry=r,
+        )
+        self.verification_coverage = Gauge(
+            "vigil_verification_coverage_ratio",
+            "Share of the current input set in verified branches, by rule.",
+            ["rule"],
+            registry=r,
+        )
         self.assigned_partitions = Gauge(
             "vigil_assigned_partitions", "Partitions assigned to this instance.", registry=r
         )

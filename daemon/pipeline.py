@@ -4,7 +4,9 @@ Guarantees (docs/architecture.md): alerts and dead letters of a batch are acknow
 before its offsets are committed (or committed with them in one Kafka transaction); a
 snapshot is only taken of state whose offsets are committed; after a restart each rule's
 state is restored from its newest snapshot and the records between the snapshot and the
-committed offset are replayed into it without emitting anything a second time.
+committed offset are replayed into it without emitting anything a second time. A record
+whose offloaded job has not delivered its result holds its partition's commit back, so a
+crash re-runs the job rather than losing its result.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
 from connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
 from daemon.alerts import now_iso
 from daemon.metrics import Metrics
-from daemon.rules import IorRule
+from daemon.rules import Rule, RuleResult
 from daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil.pipeline")
@@ -39,7 +41,7 @@ class PipelineSettings:
 class Pipeline:
     def __init__(
         self,
-        rules: list[IorRule],
+        rules: list[Rule],
         source: Source,
         sink: Sink,
         store: SnapshotStore,
@@ -59,8 +61,9 @@ class Pipeline:
         self._unsnapshotted: dict[TopicPartition, int] = defaultdict(int)
         self._snapshot_at: dict[TopicPartition, float] = {}
         self._pending_writes: set[asyncio.Task] = set()
+        self._committed: dict[TopicPartition, int] = {}
 
-    def _rules_for(self, topic: str) -> list[IorRule]:
+    def _rules_for(self, topic: str) -> list[Rule]:
         return [r for r in self.rules if topic in r.topics]
 
     # -- assignment -------------------------------------------------------------------
@@ -76,6 +79,9 @@ class Pipeline:
         committed = await self.source.committed(tp)
         start = committed or 0
         for rule in self._rules_for(tp[0]):
+            if not rule.stateful:
+                self._apply_from[(rule.name, tp)] = committed or 0
+                continue
             snapshot, skipped = self.store.load(rule.name, tp)
             if skipped:
                 self.metrics.snapshots.labels("skipped_corrupt").inc(skipped)
@@ -95,6 +101,7 @@ class Pipeline:
             self._apply_from[(rule.name, tp)] = applied
             start = min(start, applied)
         self._emit_from[tp] = committed or 0
+        self._committed[tp] = committed or 0
         self._next[tp] = start
         self._snapshot_at[tp] = time.monotonic()
         await self.source.seek(tp, start)
@@ -117,6 +124,7 @@ class Pipeline:
                     self._apply_from.pop((rule.name, tp), None)
                 del self._emit_from[tp]
                 self._next.pop(tp, None)
+                self._committed.pop(tp, None)
                 self.metrics.forget_partition(*tp, [r.name for r in self._rules_for(tp[0])])
                 log.info("partition_revoked", topic=tp[0], partition=tp[1])
             await self._flush_snapshots()
@@ -134,44 +142,101 @@ class Pipeline:
         """Process batches until ``stop`` is set (or, with ``until_idle``, the source has
         nothing more to give)."""
         while not stop.is_set():
+            if self._saturated():  # backpressure: let offloaded jobs finish before fetching
+                await self._wait_for_space()
+                await self.deliver_completed()
+                continue
             records = await self.source.fetch(
                 self.settings.max_batch, self.settings.fetch_timeout_ms
             )
             if records:
                 await self.process(records)
-            elif until_idle:
+            elif until_idle and not any(r.in_flight() for r in self.rules):
                 break
             else:
                 async with self._lock:
                     for tp in list(self._emit_from):
                         self._maybe_snapshot(tp)
+            await self.deliver_completed()
             await self._update_lag()
+
+    def _saturated(self) -> bool:
+        return any(r.saturated() for r in self.rules)
+
+    async def _wait_for_space(self) -> None:
+        waits = [asyncio.ensure_future(r.wait_for_space()) for r in self.rules if r.saturated()]
+        timeout = max(self.settings.fetch_timeout_ms, 10) / 1000
+        _, pending = await asyncio.wait(waits, timeout=timeout)
+        for w in pending:
+            w.cancel()
+
+    async def deliver_completed(self) -> None:
+        """Deliver the results of finished offloaded jobs and commit what they released."""
+        async with self._lock:
+            messages = [m for r in self.rules for m in r.completed()]
+            offsets = self._commit_positions(list(self._emit_from))
+            if not messages and not offsets:
+                return
+            await self.sink.deliver(messages, offsets)
+            if not self.sink.commits_offsets and offsets:
+                await self.source.commit(offsets)
+            self._committed.update(offsets)
+
+    def _commit_positions(self, tps: list[TopicPartition]) -> Offsets:
+        """For each partition, the position up to which every record is fully answered
+        (behind the oldest record whose job is still running), if it moved."""
+        out: Offsets = {}
+        for tp in tps:
+            position = self._next.get(tp)
+            if position is None:
+                continue
+            holds = [h for r in self._rules_for(tp[0]) if (h := r.hold(tp)) is not None]
+            position = min([position, *holds])
+            if position > self._committed.get(tp, 0):
+                out[tp] = position
+        return out
 
     async def process(self, records: list[Record]) -> None:
         started = time.perf_counter()
         async with self._lock:
             messages: list[OutMessage] = []
-            offsets: Offsets = {}
+            positions: Offsets = {}
             by_tp: dict[TopicPartition, list[Record]] = defaultdict(list)
             for r in records:
                 by_tp[(r.topic, r.partition)].append(r)
             for tp, recs in by_tp.items():
                 if tp not in self._emit_from:
                     continue  # revoked while the batch was in flight
-                offsets[tp] = recs[-1].offset + 1
-                messages += self._process_partition(tp, recs)
-            await self.sink.deliver(messages, offsets)
-            if not self.sink.commits_offsets:
-                await self.source.commit(offsets)
-            for tp, offset in offsets.items():
+                positions[tp] = recs[-1].offset + 1
+                messages += await self._process_partition(tp, recs)
+            for tp, offset in positions.items():
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
+            offsets = self._commit_positions(list(positions))
+            await self.sink.deliver(messages, offsets)
+            if not self.sink.commits_offsets and offsets:
+                await self.source.commit(offsets)
+            self._committed.update(offsets)
+            for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
-    def _process_partition(self, tp: TopicPartition, records: list[Record]) -> list[OutMessage]:
+    async def _process_partition(
+        self, tp: TopicPartition, records: list[Record]
+    ) -> list[OutMessage]:
         emit_from = self._emit_from[tp]
         out: list[OutMessage] = []
+        rules = self._rules_for(tp[0])
+        for rule in rules:
+            if rule.wants_decisions(tp[0]):
+                continue
+            apply_from = self._apply_from[(rule.name, tp)]
+            mine = [r for r in records if r.offset >= apply_from]
+            if mine:
+                out += self._outputs(rule, tp, await rule.handle(tp, mine, emit_from), emit_from)
+        rules = [r for r in rules if r.wants_decisions(tp[0])]
+        if not rules:
+            return out
         decisions: list[Decision] = []
         for r in records:
             try:
@@ -180,7 +245,7 @@ class Pipeline:
                 if r.offset >= emit_from:
                     out.append(self._dead(r, e.reason, str(e)))
         routed = [False] * len(decisions)
-        for rule in self._rules_for(tp[0]):
+        for rule in rules:
             apply_from = self._apply_from[(rule.name, tp)]
             mine = []
             for i, d in enumerate(decisions):
@@ -190,7 +255,7 @@ class Pipeline:
                         mine.append(d)
             if not mine:
                 continue
-            result = rule.check(tp, mine, emit_from)
+            result = await rule.check(tp, mine, emit_from)
             replayed = sum(1 for d in mine if d.record.offset < emit_from)
             m = self.metrics
             m.events.labels(rule.name, "checked").inc(result.checked - replayed)
@@ -198,18 +263,28 @@ class Pipeline:
             m.events.labels(rule.name, "flagged").inc(len(result.alerts))
             m.witnesses.labels(rule.name).inc(sum(len(a["witnesses"]) for a in result.alerts))
             m.alerts.labels(rule.name).inc(len(result.alerts))
-            m.check_seconds.labels(rule.name, rule.config.backend).observe(result.seconds)
+            m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
             m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
             for alert in result.alerts:
                 out.append(
                     OutMessage(self.settings.alerts_topic, alert["model"].encode(), encode(alert))
                 )
-            for record, reason, error in result.dead:
-                if record.offset >= emit_from:
-                    out.append(self._dead(record, reason, error, rule.name))
+            out += self._outputs(rule, tp, result, emit_from)
         unrouted = routed.count(False)
         if unrouted:
             self.metrics.events.labels("", "unrouted").inc(unrouted)
+        return out
+
+    def _outputs(
+        self, rule: Rule, tp: TopicPartition, result: RuleResult, emit_from: int
+    ) -> list[OutMessage]:
+        """A rule's events and dead letters of a batch (record rules count their own events)."""
+        out = list(result.events)
+        if not rule.wants_decisions(tp[0]):
+            self.metrics.events.labels(rule.name, "checked").inc(result.checked)
+        for record, reason, error in result.dead:
+            if record.offset >= emit_from:
+                out.append(self._dead(record, reason, error, rule.name))
         return out
 
     def _dead(self, record: Record, reason: str, error: str, rule: str | None = None) -> OutMessage:

@@ -1,24 +1,43 @@
-"""Rule kinds the daemon runs; each keeps one checker per source partition."""
+"""The rule protocol the pipeline drives, and the i.o.r. monitor rule."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from connectors.base import TopicPartition
+from connectors.base import OutMessage, TopicPartition
 from connectors.events import Decision, Record
 from daemon.alerts import witness_alerts
 from daemon.config import IorRuleConfig
+from daemon.metrics import Metrics
+from daemon.offload import OffloadPool
 from rules.ior import Monitor, MonitorSpec
 from rules.ior.backends import parse_backend
 
 
+@dataclass(frozen=True)
+class RuleContext:
+    """What rules get from the daemon: metrics, the shared offload pool, output topics, and a
+    way to make a pool of their own (a stateful worker lane)."""
+
+    metrics: Metrics
+    pool: OffloadPool | None
+    make_pool: Callable[[str, int, float], OffloadPool]
+    verifications_topic: str = "vigil.verifications"
+    certifications_topic: str = "vigil.certifications"
+    dead_letter_topic: str = "vigil.dead-letters"
+
+
 @dataclass
 class RuleResult:
+    """What a rule made of one batch: witness alerts, other events, dead letters."""
+
     alerts: list[dict[str, Any]] = field(default_factory=list)
+    events: list[OutMessage] = field(default_factory=list)
     dead: list[tuple[Record, str, str]] = field(default_factory=list)
     checked: int = 0
     flagged: int = 0
@@ -26,7 +45,74 @@ class RuleResult:
     seconds: float = 0.0
 
 
-class IorRule:
+class Rule:
+    """What the pipeline asks of a rule. Defaults suit a stateless rule without jobs.
+
+    A rule reads decisions (``check``, records decoded by the pipeline) or raw records
+    (``handle``) per topic. Work offloaded to a pool finishes later: ``completed`` hands over
+    its events, and ``hold`` names the oldest record of a partition still waiting for one, so
+    the pipeline commits no further.
+    """
+
+    kind = ""
+    stateful = False
+    backend = ""
+
+    def __init__(self, name: str, topics: set[str]) -> None:
+        self.name = name
+        self.topics = topics
+
+    def wants_decisions(self, topic: str) -> bool:
+        return True
+
+    def matches(self, decision: Decision) -> bool:
+        return True
+
+    async def check(
+        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+    ) -> RuleResult:
+        return RuleResult()
+
+    async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
+        return RuleResult()
+
+    def history_size(self, tp: TopicPartition) -> int:
+        return 0
+
+    def hold(self, tp: TopicPartition) -> int | None:
+        return None
+
+    def completed(self) -> list[OutMessage]:
+        return []
+
+    def in_flight(self) -> bool:
+        return False
+
+    def saturated(self) -> bool:
+        return False
+
+    async def wait_for_space(self) -> None:
+        return None
+
+    async def drain(self) -> None:
+        """Wait for this rule's offloaded work (shutdown)."""
+        return None
+
+    def snapshot(self, tp: TopicPartition) -> bytes | None:
+        return None
+
+    def restore(self, tp: TopicPartition, blob: bytes) -> None:
+        return None
+
+    def drop(self, tp: TopicPartition) -> None:
+        """Forget a revoked partition."""
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class IorRule(Rule):
     """The i.o.r. monitor over one topic (and optionally one model's decisions).
 
     A model's decisions share a partition (they are keyed by model), so one monitor per
@@ -34,15 +120,13 @@ class IorRule:
     """
 
     kind = "ior"
+    stateful = True
 
-    def __init__(self, config: IorRuleConfig) -> None:
+    def __init__(self, config: IorRuleConfig, context: RuleContext | None = None) -> None:
+        super().__init__(config.name, {config.topic})
         self.config = config
-        self.name = config.name
+        self.backend = config.backend
         self.monitors: dict[TopicPartition, Monitor] = {}
-
-    @property
-    def topics(self) -> set[str]:
-        return {self.config.topic}
 
     def matches(self, decision: Decision) -> bool:
         return decision.record.topic == self.config.topic and (
@@ -53,7 +137,9 @@ class IorRule:
         monitor = self.monitors.get(tp)
         return monitor.size if monitor else 0
 
-    def check(self, tp: TopicPartition, decisions: list[Decision], emit_from: int) -> RuleResult:
+    async def check(
+        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+    ) -> RuleResult:
         """Check decisions of one partition in order; alerts only for offsets >= emit_from
         (earlier ones are being replayed into the state after a restart)."""
         result = RuleResult()
@@ -175,7 +261,3 @@ def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, st
 
 def _json_output(y: Any) -> Any:
     return y.tolist() if isinstance(y, np.ndarray) else int(y)
-
-
-RULE_KINDS: dict[str, type[IorRule]] = {IorRule.kind: IorRule}
-"""Rule classes by the ``kind`` a ``[[rules]]`` entry names."""

@@ -10,19 +10,44 @@ import structlog
 
 from connectors.files import JsonLinesSink, JsonLinesSource
 from connectors.kafka import KafkaSink, KafkaSource
+from daemon.certify_rule import CertifyRule, CfxRule
 from daemon.config import Config
 from daemon.http import OpsServer
 from daemon.metrics import Metrics
+from daemon.offload import OffloadPool, process_executor
 from daemon.pipeline import Pipeline, PipelineSettings
-from daemon.rules import RULE_KINDS
+from daemon.reach_rule import ReachRule
+from daemon.rules import IorRule, Rule, RuleContext
 from daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil")
 
 
+RULE_KINDS: dict[str, type[Rule]] = {
+    rule.kind: rule for rule in (IorRule, ReachRule, CertifyRule, CfxRule)
+}
+"""Rule classes by the ``kind`` a ``[[rules]]`` entry names."""
+
+
 def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
-    rules = [RULE_KINDS[r.kind](r) for r in config.rules]
     out = config.outputs
+    offload = config.offload
+
+    def make_pool(name: str, workers: int, timeout: float) -> OffloadPool:
+        return OffloadPool(process_executor(workers), metrics, offload.max_pending, timeout, name)
+
+    pool = None
+    if any(r.kind in ("certify", "cfx") for r in config.rules):
+        pool = make_pool("default", offload.workers, offload.timeout_seconds)
+    context = RuleContext(
+        metrics,
+        pool,
+        make_pool,
+        out.verifications_topic,
+        out.certifications_topic,
+        out.dead_letter_topic,
+    )
+    rules = [RULE_KINDS[r.kind](r, context) for r in config.rules]
     if config.kafka is not None:
         k = config.kafka
         source = KafkaSource(
@@ -42,9 +67,13 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     else:
         f = config.files
         source = JsonLinesSource(f.decisions, f.topic, config.state.dir / "file-offsets.json")
-        sink = JsonLinesSink(
-            {out.alerts_topic: out.alerts_file, out.dead_letter_topic: out.dead_letter_file}
-        )
+        files = {
+            out.alerts_topic: out.alerts_file,
+            out.dead_letter_topic: out.dead_letter_file,
+            out.verifications_topic: out.verifications_file,
+            out.certifications_topic: out.certifications_file,
+        }
+        sink = JsonLinesSink({topic: path for topic, path in files.items() if path is not None})
         max_batch, timeout = f.max_batch, 0
     settings = PipelineSettings(
         alerts_topic=out.alerts_topic,
@@ -85,16 +114,29 @@ async def run_daemon(
         await pipeline.run(stop, until_idle)
     finally:
         log.info("stopping", deadline_seconds=config.shutdown.deadline_seconds)
+        deadline = config.shutdown.deadline_seconds
         try:
-            await asyncio.wait_for(_shutdown(pipeline, server), config.shutdown.deadline_seconds)
+            await asyncio.wait_for(_shutdown(pipeline, server, deadline / 2), deadline)
         except TimeoutError:
             log.error("shutdown_deadline_exceeded")
             raise
+        finally:
+            for rule in pipeline.rules:
+                rule.close()
     log.info("stopped")
     return pipeline
 
 
-async def _shutdown(pipeline: Pipeline, server: OpsServer | None) -> None:
+async def _shutdown(pipeline: Pipeline, server: OpsServer | None, drain_seconds: float) -> None:
+    """Finish offloaded jobs (for at most ``drain_seconds``: the rest run again after the
+    restart, as their offsets stay uncommitted), deliver, snapshot, commit, close."""
+    drains = [asyncio.ensure_future(rule.drain()) for rule in pipeline.rules]
+    _, late = await asyncio.wait(drains, timeout=drain_seconds)
+    for task in late:
+        task.cancel()
+    if late:
+        log.warning("shutdown_left_jobs_running")
+    await pipeline.deliver_completed()
     await pipeline.snapshot_all()
     await pipeline.source.stop()
     await pipeline.sink.stop()

@@ -49,6 +49,7 @@ class Daemon:
     exactly_once: bool = True
     eps: float = 0.04
     snapshot_every_events: int = 100_000
+    extra_rules: str = ""  # more [[rules]] (TOML), with {tag} standing for this run's tag
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     proc: subprocess.Popen | None = None
     port: int = field(default_factory=free_port)
@@ -65,6 +66,17 @@ class Daemon:
     def dead_topic(self) -> str:
         return f"dead-{self.tag}"
 
+    @property
+    def verifications_topic(self) -> str:
+        return f"verifications-{self.tag}"
+
+    @property
+    def certifications_topic(self) -> str:
+        return f"certifications-{self.tag}"
+
+    def topic_for(self, name: str) -> str:
+        return f"{name}-{self.tag}"
+
     def write_config(self) -> Path:
         path = self.workdir / "vigil.toml"
         path.write_text(f"""
@@ -78,6 +90,12 @@ session_timeout_ms = 6000
 [outputs]
 alerts_topic = "{self.alerts_topic}"
 dead_letter_topic = "{self.dead_topic}"
+verifications_topic = "{self.verifications_topic}"
+certifications_topic = "{self.certifications_topic}"
+
+[offload]
+workers = 2
+timeout_seconds = 120
 
 [metrics]
 port = {self.port}
@@ -101,6 +119,7 @@ model = "compas"
 metric = "linf"
 eps = {self.eps}
 backend = "auto"
+{self.extra_rules.replace("{tag}", self.tag)}
 """)
         return path
 

@@ -133,7 +133,7 @@ def _pipeline(values, store, sink=None, every=50):
     rule = IorRule(
         parse_config(
             {
-                "files": {"decisions": "unused"},
+                "files": {"decisions": "unused", "topic": "t"},
                 "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
                 "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.25}],
             }

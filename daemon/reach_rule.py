@@ -1,0 +1,220 @@
+"""The ``reach`` rule: re-verify a model on the inputs it currently sees, as they drift and as
+the model is updated, and emit one verification event per step."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import numpy as np
+import orjson
+
+from connectors.base import OutMessage, TopicPartition
+from connectors.events import Decision, Record, encode
+from daemon.alerts import now_iso
+from daemon.config import ReachRuleConfig
+from daemon.offload import JobOutcome, OffloadPool
+from daemon.rules import Rule, RuleContext, RuleResult
+from rules.reach import worker
+
+
+class ModelUpdateError(ValueError):
+    """A model update event that cannot be used; ``reason`` labels the dead letter."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ReachRule(Rule):
+    """The verifier state lives in a worker process of the rule's own one-process pool (so
+    the event loop never computes a step); decisions and model updates arrive on their topics.
+    The input set is the box around the last ``window`` inputs, widened by ``eps``."""
+
+    kind = "reach"
+    stateful = True
+    backend = "reach"
+
+    def __init__(self, config: ReachRuleConfig, context: RuleContext) -> None:
+        topics = {config.topic} | ({config.models_topic} if config.models_topic else set())
+        super().__init__(config.name, topics)
+        self.config = config
+        self.context = context
+        self.pool: OffloadPool = context.make_pool(config.name, 1, config.timeout_seconds)
+        self.options = {
+            "C": config.C,
+            "d": config.d,
+            "max_branches": config.max_branches,
+            "accelerations": config.accelerations,
+            "inn_range": config.inn_range,
+            "rsr_gamma": config.rsr_gamma,
+        }
+        self.window: np.ndarray | None = None  # the last inputs, oldest first
+        self.model: bytes | None = None
+        self.version: str | None = None
+        self._sent: str | None = None  # the version the worker was last sent
+        if config.onnx is not None:
+            self.model = Path(config.onnx).read_bytes()
+            self.version = f"file:{Path(config.onnx).name}"
+
+    def wants_decisions(self, topic: str) -> bool:
+        return topic == self.config.topic
+
+    def matches(self, decision: Decision) -> bool:
+        return decision.model == self.config.model
+
+    def history_size(self, tp: TopicPartition) -> int:
+        return 0 if self.window is None else len(self.window)
+
+    async def check(
+        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+    ) -> RuleResult:
+        result = RuleResult()
+        dim = None if self.window is None else self.window.shape[1]
+        rows = []
+        for d in decisions:
+            problem = _input_problem(d.x, dim)
+            if problem:
+                result.dead.append((d.record, *problem))
+                continue
+            dim = dim or len(d.x)
+            rows.append(d.x)
+        if not rows:
+            return result
+        x = np.array(rows, dtype=np.float64)
+        stack = x if self.window is None else np.vstack([self.window, x])
+        self.window = stack[-self.config.window :]
+        result.checked = len(rows)
+        if decisions[-1].record.offset >= emit_from and self.model is not None:
+            result.events.append(await self._step(decisions[-1].record))
+        return result
+
+    async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
+        """Model updates: accepted ones replace the model and trigger a step."""
+        result = RuleResult()
+        for record in records:
+            try:
+                update = _decode_update(record, self.config.model)
+                if update is None:
+                    continue  # another model's update
+                version, onnx = update
+                dim = None if self.window is None else self.window.shape[1]
+                outcome = await self.pool.submit(
+                    "reach.load", worker.check_model, onnx, dim, len(self.config.C[0])
+                )
+                if outcome.status != "ok":
+                    raise ModelUpdateError("model", f"model {version!r} rejected: {outcome.error}")
+            except ModelUpdateError as e:
+                result.dead.append((record, e.reason, str(e)))
+                continue
+            self.model, self.version = onnx, version
+            result.checked += 1
+            if record.offset >= emit_from and self.window is not None:
+                result.events.append(await self._step(record))
+        return result
+
+    async def _step(self, trigger: Record) -> OutMessage:
+        lower = self.window.min(axis=0) - self.config.eps
+        upper = self.window.max(axis=0) + self.config.eps
+        outcome = await self._submit(lower, upper, resend=self._sent != self.version)
+        if outcome.status == "ok" and outcome.value.get("need_model"):
+            outcome = await self._submit(lower, upper, resend=True)
+        event = {
+            "kind": "verification",
+            "rule": self.name,
+            "model": self.config.model,
+            "version": self.version,
+            "decisions": len(self.window),
+            "input_set": {"lower": lower.tolist(), "upper": upper.tolist()},
+            "source": trigger.source,
+            "verified_at": now_iso(),
+        }
+        if outcome.status == "ok":
+            event.update(outcome.value)
+            self.context.metrics.verification_coverage.labels(self.name).set(event["coverage"])
+        else:
+            self._sent = None  # the worker may have died with its state
+            event.update(status="error", error=outcome.error, seconds=outcome.seconds)
+        self.context.metrics.verifications.labels(self.name, event["status"]).inc()
+        key = self.config.model.encode()
+        return OutMessage(self.context.verifications_topic, key, encode(event))
+
+    async def _submit(self, lower: np.ndarray, upper: np.ndarray, resend: bool) -> JobOutcome:
+        onnx = self.model if resend else None
+        outcome = await self.pool.submit(
+            "reach.step", worker.step, self.name, self.options, self.version, onnx, lower, upper
+        )
+        if resend and outcome.status == "ok":
+            self._sent = self.version
+        return outcome
+
+    def snapshot(self, tp: TopicPartition) -> bytes | None:
+        buffer = io.BytesIO()
+        if tp[0] == self.config.topic and self.window is not None:
+            np.savez(buffer, window=self.window)
+        elif tp[0] == self.config.models_topic and self.model is not None:
+            version = np.frombuffer(self.version.encode(), dtype=np.uint8)
+            np.savez(buffer, model=np.frombuffer(self.model, dtype=np.uint8), version=version)
+        else:
+            return None
+        return buffer.getvalue()
+
+    def restore(self, tp: TopicPartition, blob: bytes) -> None:
+        with np.load(io.BytesIO(blob)) as data:
+            if "window" in data:
+                self.window = data["window"]
+            else:
+                self.model = data["model"].tobytes()
+                self.version = data["version"].tobytes().decode()
+
+    def drop(self, tp: TopicPartition) -> None:
+        if tp[0] == self.config.topic:
+            self.window = None
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def _input_problem(x: list, dim: int | None) -> tuple[str, str] | None:
+    if not x or not all(isinstance(v, int | float) for v in x):
+        return "schema", "x must be a non-empty array of numbers"
+    if dim is not None and len(x) != dim:
+        return "dimension", f"x has {len(x)} values, the rule expects {dim}"
+    if not np.all(np.isfinite(x)):
+        return "non_finite", "x has a NaN or infinity"
+    return None
+
+
+def _decode_update(record: Record, model: str) -> tuple[str, bytes] | None:
+    """(version, ONNX bytes) of an update of ``model`` (None for another model's update);
+    see connectors/schemas/model_update.json."""
+    try:
+        event = orjson.loads(record.value or b"")
+    except orjson.JSONDecodeError as e:
+        raise ModelUpdateError("undecodable", f"not valid JSON: {e}") from None
+    if not isinstance(event, dict):
+        raise ModelUpdateError("schema", "a model update must be a JSON object")
+    name, version = event.get("model"), event.get("version")
+    if not isinstance(name, str) or not isinstance(version, str | int):
+        raise ModelUpdateError("schema", "a model update needs a string model and a version")
+    if name != model:
+        return None
+    if ("onnx" in event) == ("uri" in event):
+        raise ModelUpdateError("schema", "a model update carries exactly one of onnx and uri")
+    if "onnx" in event:
+        try:
+            return str(version), base64.b64decode(event["onnx"], validate=True)
+        except (TypeError, ValueError) as e:
+            raise ModelUpdateError("schema", f"onnx is not base64: {e}") from None
+    uri = urlparse(str(event["uri"]))
+    if uri.scheme != "file":
+        raise ModelUpdateError(
+            "schema", f"only file:// model URIs are supported, got {uri.scheme!r}"
+        )
+    try:
+        return str(version), Path(url2pathname(uri.path)).read_bytes()
+    except OSError as e:
+        raise ModelUpdateError("model", f"cannot read {event['uri']}: {e}") from None

@@ -1,0 +1,20 @@
+"""Jobs for the offload tests (imported by spawned worker processes)."""
+
+from __future__ import annotations
+
+import time
+
+
+def run_job(request: dict) -> dict:
+    """Sleep for ``request["sleep"]`` seconds; report when it ran. ``bad`` makes it refuse."""
+    if request.get("bad"):
+        raise ValueError("request field 'bad' is set")
+    started = time.time()
+    time.sleep(request.get("sleep", 0.0))
+    return {"id": request.get("id"), "started": started, "finished": time.time()}
+
+
+def interval(seconds: float) -> tuple[float, float]:
+    started = time.time()
+    time.sleep(seconds)
+    return started, time.time()

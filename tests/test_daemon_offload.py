@@ -1,0 +1,109 @@
+"""The offload pool and the certify rule's commit holds, on real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from connectors.memory import MemorySink, MemorySource
+from daemon import certify_rule
+from daemon.config import parse_config
+from daemon.metrics import Metrics
+from daemon.offload import OffloadPool, process_executor
+from daemon.pipeline import Pipeline, PipelineSettings
+from daemon.rules import RuleContext
+from daemon.state import SnapshotStore
+from tests import offload_jobs
+
+
+@pytest.fixture
+def pool():
+    made = []
+
+    def make(workers=2, max_pending=8, timeout=30.0):
+        p = OffloadPool(process_executor(workers), Metrics(), max_pending, timeout, "test")
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.shutdown()
+
+
+async def test_jobs_of_one_batch_run_side_by_side(pool):
+    p = pool(workers=2)
+    await p.submit("warm", offload_jobs.interval, 0.0)  # start the workers
+    a, b = await asyncio.gather(
+        p.submit("sleep", offload_jobs.interval, 0.6), p.submit("sleep", offload_jobs.interval, 0.6)
+    )
+    (s1, e1), (s2, e2) = a.value, b.value
+    assert max(s1, s2) < min(e1, e2)  # the two intervals overlap
+    assert p.pending == 0
+
+
+async def test_outcomes_timeout_invalid_and_metrics(pool):
+    p = pool(workers=2, timeout=1.0)
+    await asyncio.gather(*(p.submit("warm", offload_jobs.interval, 0.1) for _ in range(2)))
+    slow, bad = await asyncio.gather(
+        p.submit("slow", offload_jobs.run_job, {"sleep": 3.0}),
+        p.submit("bad", offload_jobs.run_job, {"bad": True}),
+    )
+    assert slow.status == "timeout" and "1 s" in slow.error
+    assert bad.status == "invalid" and "'bad'" in bad.error
+    text = p.metrics.render().decode()
+    assert 'vigil_offload_jobs_total{kind="slow",outcome="timeout",pool="test"} 1.0' in text
+    assert 'vigil_offload_pending_jobs{pool="test"} 0.0' in text
+
+
+async def test_saturation_is_reported_until_a_job_finishes(pool):
+    p = pool(workers=1, max_pending=2)
+    jobs = [p.submit("sleep", offload_jobs.run_job, {"sleep": 0.2}) for _ in range(2)]
+    assert p.saturated
+    await p.wait_for_space()
+    assert not p.saturated
+    await asyncio.gather(*jobs)
+
+
+async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, pool, monkeypatch):
+    monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
+    config = parse_config(
+        {
+            "files": {"decisions": "unused", "topic": "requests"},
+            "outputs": {"alerts_file": "a", "dead_letter_file": "d", "certifications_file": "c"},
+            "rules": [{"name": "c", "kind": "certify", "job": "knn", "topic": "requests"}],
+        }
+    )
+    shared = pool(workers=2)
+    context = RuleContext(Metrics(), shared, lambda *a: shared, "v", "certs", "dead")
+    rule = certify_rule.CertifyRule(config.rules[0], context)
+    values = [
+        orjson.dumps({"id": "slow", "sleep": 1.0}),
+        orjson.dumps({"id": "fast", "sleep": 0.0}),
+        b"not json",
+        orjson.dumps({"id": "refused", "bad": True}),
+    ]
+    source, sink = MemorySource("requests", values), MemorySink()
+    settings = PipelineSettings("alerts", "dead", fetch_timeout_ms=10)
+    pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), context.metrics, settings)
+    await source.start(pipeline.on_assign, pipeline.on_revoke)
+    await pipeline.process(await source.fetch(10, 0))
+    assert source.commits == []  # the slow request (offset 0) holds everything back
+    for _ in range(600):
+        await asyncio.sleep(0.05)
+        await pipeline.deliver_completed()
+        if not rule.in_flight():
+            break
+    assert source.commits[-1] == {("requests", 0): 4}
+    results = {
+        orjson.loads(m.value)["request_id"]: orjson.loads(m.value)
+        for m in sink.messages
+        if m.topic == "certs"
+    }
+    assert results["slow"]["status"] == "ok" and results["fast"]["status"] == "ok"
+    assert results["refused"]["status"] == "invalid"
+    dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
+    assert sorted(d["reason"] for d in dead) == ["invalid_request", "undecodable"]
+    # the fast job finished first but could not be committed past the slow one
+    assert results["fast"]["completed_at"] <= results["slow"]["completed_at"]
