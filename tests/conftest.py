@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,15 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """(features, predictions) of a Certifair stream CSV (label column dropped)."""
     data = np.loadtxt(path, delimiter=",", skiprows=1)
     return np.ascontiguousarray(data[:, 2:]), data[:, 0].astype(np.int64)
+
+
+@pytest.fixture
+def compas() -> tuple[np.ndarray, np.ndarray]:
+    """The first 3000 decisions of the bundled COMPAS demo stream."""
+    from daemon.cli import DEMO_STREAM
+
+    x, y = load_stream(Path(str(files("daemon") / "demo" / DEMO_STREAM)))
+    return x[:3000], y[:3000]
 
 
 @pytest.fixture(scope="session")

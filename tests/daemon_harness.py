@@ -33,6 +33,11 @@ def decision_events(x: np.ndarray, y: np.ndarray, model: str) -> list[bytes]:
     ]
 
 
+def witness_map(alerts: list[dict]) -> dict[str, list[str]]:
+    """Decision id -> witness ids of alert events."""
+    return {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+
+
 def expected_alerts(x: np.ndarray, y: np.ndarray, eps: float) -> dict[str, list[str]]:
     """Offline result: decision id -> witness ids (what `vigil replay` computes)."""
     monitor = Monitor(MonitorSpec(dim=x.shape[1], eps=eps))

@@ -8,14 +8,10 @@ import random
 import re
 import signal
 import time
-from importlib.resources import files
-from pathlib import Path
 
 import orjson
 import pytest
 
-from daemon.cli import DEMO_STREAM
-from tests.conftest import load_stream
 from tests.daemon_harness import (
     Daemon,
     consume_all,
@@ -23,19 +19,8 @@ from tests.daemon_harness import (
     expected_alerts,
     produce,
     wait_http,
+    witness_map,
 )
-
-DEMO = Path(str(files("daemon") / "demo" / DEMO_STREAM))
-
-
-def witness_map(alerts: list[dict]) -> dict[str, list[str]]:
-    return {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
-
-
-@pytest.fixture
-def compas():
-    x, y = load_stream(DEMO)
-    return x[:3000], y[:3000]
 
 
 @pytest.mark.parametrize("exactly_once", [True, False])
