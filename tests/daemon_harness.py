@@ -55,6 +55,7 @@ class Daemon:
     eps: float = 0.04
     snapshot_every_events: int = 100_000
     extra_rules: str = ""  # more [[rules]] (TOML), with {tag} standing for this run's tag
+    offload_workers: int = 2
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     proc: subprocess.Popen | None = None
     port: int = field(default_factory=free_port)
@@ -99,7 +100,7 @@ verifications_topic = "{self.verifications_topic}"
 certifications_topic = "{self.certifications_topic}"
 
 [offload]
-workers = 2
+workers = {self.offload_workers}
 timeout_seconds = 120
 
 [metrics]
