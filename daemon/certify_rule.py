@@ -2,7 +2,9 @@
 
 ``certify``: requests on a topic of their own; every request is one job, jobs run side by
 side, and the consumer goes on while they run. A request's offset is committed only once its
-result is delivered (``hold``), so a crash re-runs the job instead of losing its result.
+result is delivered (``hold``), so a crash re-runs the job instead of losing its result. With
+exactly-once delivery, results go out in request order, each in the transaction that
+commits its request, so none is duplicated either.
 
 ``cfx``: decisions that carry a counterfactual explanation (``cfx``) get its robustness to
 model shifts (APΔS delta_max); the batch's checks run in parallel in the pool.
@@ -83,7 +85,11 @@ class CertifyRule(Rule):
     def completed(self) -> list[OutMessage]:
         out: list[OutMessage] = []
         for tp, jobs in self._jobs.items():
-            for offset in [o for o, f in jobs.items() if f.done()]:
+            done = [o for o in sorted(jobs) if jobs[o].done()]
+            if self.context.exactly_once:  # a result goes out with its own offset's commit
+                first_open = min((o for o in jobs if not jobs[o].done()), default=None)
+                done = [o for o in done if first_open is None or o < first_open]
+            for offset in done:
                 outcome: JobOutcome = jobs.pop(offset).result()
                 record, request_id = self._records.pop((tp, offset))
                 out += self._messages(record, request_id, outcome)

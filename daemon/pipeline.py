@@ -26,6 +26,7 @@ from daemon.rules import Rule, RuleResult
 from daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil.pipeline")
+_IDLE_POLL_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,14 @@ class Pipeline:
             )
             if records:
                 await self.process(records)
-            elif until_idle and not any(r.in_flight() for r in self.rules):
-                break
-            else:
+            elif not any(r.in_flight() for r in self.rules):
+                if until_idle:
+                    break
                 async with self._lock:
                     for tp in list(self._emit_from):
                         self._maybe_snapshot(tp)
+            else:  # nothing to read, jobs running: do not spin on a source that never waits
+                await asyncio.sleep(_IDLE_POLL_SECONDS)
             await self.deliver_completed()
             await self._update_lag()
 

@@ -30,6 +30,7 @@ class RuleContext:
     verifications_topic: str = "vigil.verifications"
     certifications_topic: str = "vigil.certifications"
     dead_letter_topic: str = "vigil.dead-letters"
+    exactly_once: bool = False
 
 
 @dataclass

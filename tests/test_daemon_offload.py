@@ -7,6 +7,7 @@ import asyncio
 import orjson
 import pytest
 
+from connectors.events import Record
 from connectors.memory import MemorySink, MemorySource
 from daemon import certify_rule
 from daemon.config import parse_config
@@ -107,3 +108,29 @@ async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, 
     assert sorted(d["reason"] for d in dead) == ["invalid_request", "undecodable"]
     # the fast job finished first but could not be committed past the slow one
     assert results["fast"]["completed_at"] <= results["slow"]["completed_at"]
+
+
+async def test_exactly_once_results_go_out_in_request_order(pool, monkeypatch):
+    monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
+    config = parse_config(
+        {
+            "files": {"decisions": "unused", "topic": "requests"},
+            "outputs": {"alerts_file": "a", "dead_letter_file": "d", "certifications_file": "c"},
+            "rules": [{"name": "c", "kind": "certify", "job": "knn", "topic": "requests"}],
+        }
+    )
+    shared = pool(workers=2)
+    context = RuleContext(Metrics(), shared, lambda *a: shared, exactly_once=True)
+    rule = certify_rule.CertifyRule(config.rules[0], context)
+    tp = ("requests", 0)
+    records = [
+        Record("requests", 0, 0, orjson.dumps({"id": "slow", "sleep": 1.5})),
+        Record("requests", 0, 1, orjson.dumps({"id": "fast"})),
+    ]
+    await rule.handle(tp, records, 0)
+    fast = rule._jobs[tp][1]
+    await fast
+    assert rule.completed() == [] and rule.hold(tp) == 0  # fast waits behind slow
+    await rule.drain()
+    ids = [orjson.loads(m.value)["request_id"] for m in rule.completed()]
+    assert ids == ["slow", "fast"] and rule.hold(tp) is None
