@@ -153,7 +153,7 @@ class OnlineVerifier:
         self._lipschitz: float | None = None
         self._samples: np.ndarray | None = None
         self._sample_branch = np.zeros(0, dtype=np.int64)
-        self._boxes: tuple | None = None  # tightened boxes of the branches for the last input set
+        self._boxes: tuple | None = None  # the input set in u and the branches' boxes in it
         self._baseline_coverage = 0.0
         self._exact_coverage = 0.0  # coverage of the last rebuild without interval weights
         self._inn_scale = 1.0  # halved while the interval network loses coverage
@@ -274,15 +274,15 @@ class OnlineVerifier:
     ) -> tuple[int, int]:
         br = self.branches
         basis = br.basis
-        region = basis.inputs(inputs)
-        work_region = basis.inputs(inputs.relaxed(self.acc.rsr)) if self.acc.rsr else region
         if input_changed or self._boxes is None:
+            region = basis.inputs(inputs)
+            work_region = basis.inputs(inputs.relaxed(self.acc.rsr)) if self.acc.rsr else region
             lo, hi, empty = region.tighten(br.split_lo, br.split_hi)
             work = (
                 work_region.tighten(br.split_lo, br.split_hi) if self.acc.rsr else (lo, hi, empty)
             )
-            self._boxes = (lo, hi, empty, *work)
-        lo, hi, empty, work_lo, work_hi, work_empty = self._boxes
+            self._boxes = (region, work_region, lo, hi, empty, *work)
+        region, work_region, lo, hi, empty, work_lo, work_hi, work_empty = self._boxes
         weights_ok = first_changed is None or self._weights_valid(network)
         same_box = np.all((work_lo == br.box_lo) & (work_hi == br.box_hi), axis=1)
         inside = np.all((lo >= br.box_lo) & (hi <= br.box_hi), axis=1)
