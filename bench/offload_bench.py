@@ -20,7 +20,6 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,17 +28,9 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from pipeline_bench import checked, events, produce_all, stream  # noqa: E402
+from pipeline_bench import drain_rate, events, produce_all, stream  # noqa: E402
 
-from tests.daemon_harness import Daemon, wait_http  # noqa: E402
-
-RULE = """
-[[rules]]
-name = "knn-fairness"
-kind = "certify"
-job = "knn"
-topic = "knn-{tag}"
-"""
+from tests.daemon_harness import KNN_RULE, Daemon, wait_http  # noqa: E402
 
 
 def slow_requests(workdir: Path, count: int) -> list[bytes]:
@@ -82,7 +73,7 @@ async def one_run(args, x, y, with_jobs: bool) -> float:
             workdir,
             exactly_once=False,
             snapshot_every_events=10**9,
-            extra_rules=RULE,
+            extra_rules=KNN_RULE,
             offload_workers=args.workers,
         )
         daemon.start()
@@ -94,18 +85,10 @@ async def one_run(args, x, y, with_jobs: bool) -> float:
                 while await pending_jobs(daemon.port) < min(args.jobs, args.workers):
                     await asyncio.sleep(0.05)
             await produce_all(args.bootstrap, daemon.topic, events(x, y))
-            n, first = len(x), None
-            while True:
-                done = await checked(daemon.port)
-                now = time.perf_counter()
-                if done and first is None:
-                    first = (now, done)
-                if done >= n:
-                    break
-                await asyncio.sleep(0.05)
+            rate = await drain_rate(daemon.port, len(x))
             if with_jobs and await pending_jobs(daemon.port) == 0:
                 raise SystemExit("the jobs finished before the decisions: use more --jobs")
-            return (n - first[1]) / (now - first[0])
+            return rate
         finally:
             daemon.kill()
 

@@ -84,6 +84,20 @@ async def checked(port: int) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+async def drain_rate(port: int, n: int) -> float:
+    """Decisions per second from the first to the n-th checked decision (daemon metrics)."""
+    first = None
+    while True:
+        done = await checked(port)
+        now = time.perf_counter()
+        if done and first is None:
+            first = (now, done)
+        if done >= n:
+            break
+        await asyncio.sleep(0.05)
+    return (n - first[1]) / (now - first[0]) if now > first[0] else float("nan")
+
+
 def peak_rss_mib(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
@@ -98,17 +112,7 @@ async def run_mode(args, exactly_once: bool, x, y) -> dict:
         await produce_all(args.bootstrap, daemon.topic, events(x, y))
         daemon.start()
         try:
-            first = last = None
-            while True:
-                done = await checked(daemon.port)
-                now = time.perf_counter()
-                if done and first is None:
-                    first = (now, done)
-                if done >= n:
-                    last = now
-                    break
-                await asyncio.sleep(0.05)
-            rate = (n - first[1]) / (last - first[0]) if last > first[0] else float("nan")
+            rate = await drain_rate(daemon.port, n)
             latencies = await latency_phase(args, daemon, x, y)
             rss = peak_rss_mib(daemon.proc.pid)
         finally:

@@ -41,16 +41,26 @@ def run_certification(module: str, request: dict) -> dict:
     return importlib.import_module(module).run_job(request)
 
 
-class CertifyRule(Rule):
-    kind = "certify"
+class _PoolRule(Rule):
+    """A rule whose work runs in the shared offload pool."""
 
-    def __init__(self, config: CertifyRuleConfig, context: RuleContext) -> None:
+    def __init__(self, config: CertifyRuleConfig | CfxRuleConfig, context: RuleContext) -> None:
         super().__init__(config.name, {config.topic})
         if context.pool is None:
             raise ValueError(f"rule {config.name!r} needs the offload pool")
-        self.config = config
         self.context = context
         self.pool = context.pool
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+class CertifyRule(_PoolRule):
+    kind = "certify"
+
+    def __init__(self, config: CertifyRuleConfig, context: RuleContext) -> None:
+        super().__init__(config, context)
+        self.config = config
         self.backend = config.job
         self._jobs: dict[TopicPartition, dict[int, asyncio.Future]] = {}
         self._records: dict[tuple[TopicPartition, int], tuple[Record, Any]] = {}
@@ -133,9 +143,6 @@ class CertifyRule(Rule):
         if futures:
             await asyncio.wait(futures)
 
-    def close(self) -> None:
-        self.pool.shutdown()
-
     def drop(self, tp: TopicPartition) -> None:
         """A revoked partition's jobs: their results are dropped (the new owner re-runs them
         from the committed offset)."""
@@ -166,17 +173,13 @@ def _cfx_rows(value: object, dim: int) -> np.ndarray:
     return rows
 
 
-class CfxRule(Rule):
+class CfxRule(_PoolRule):
     kind = "cfx"
     backend = "apas"
 
     def __init__(self, config: CfxRuleConfig, context: RuleContext) -> None:
-        super().__init__(config.name, {config.topic})
-        if context.pool is None:
-            raise ValueError(f"rule {config.name!r} needs the offload pool")
+        super().__init__(config, context)
         self.config = config
-        self.context = context
-        self.pool = context.pool
         self.network, _ = load_checked(Path(config.onnx))
 
     def matches(self, decision: Decision) -> bool:
@@ -208,9 +211,6 @@ class CfxRule(Rule):
         for d, outcome in zip(asked, await asyncio.gather(*jobs), strict=True):
             result.events.append(self._event(d, outcome))
         return result
-
-    def close(self) -> None:
-        self.pool.shutdown()
 
     def _event(self, decision: Decision, outcome: JobOutcome) -> OutMessage:
         event: dict[str, Any] = {

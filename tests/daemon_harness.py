@@ -19,6 +19,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from rules.ior import Monitor, MonitorSpec
 
+KNN_RULE = """
+[[rules]]
+name = "knn-fairness"
+kind = "certify"
+job = "knn"
+topic = "knn-{tag}"
+"""
+"""A certify rule (KNN fairness) reading requests from knn-<tag>; for ``Daemon.extra_rules``."""
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -14,6 +14,7 @@ import orjson
 
 from rules.certify.knn.job import run_job
 from tests.daemon_harness import (
+    KNN_RULE,
     Daemon,
     consume_all,
     decision_events,
@@ -21,14 +22,6 @@ from tests.daemon_harness import (
     produce,
     witness_map,
 )
-
-RULE = """
-[[rules]]
-name = "knn-fairness"
-kind = "certify"
-job = "knn"
-topic = "knn-{tag}"
-"""
 
 
 def training(n: int, seed: int) -> tuple[list[list[float]], list[int]]:
@@ -69,7 +62,7 @@ async def test_knn_requests_run_beside_the_decision_stream(kafka_bootstrap, tmp_
     requests = [orjson.dumps(r) for r in [slow, *fast]] + [b"{not json", b'{"id": "bad"}']
 
     x, y = compas
-    daemon = Daemon(kafka_bootstrap, tmp_path, extra_rules=RULE)
+    daemon = Daemon(kafka_bootstrap, tmp_path, extra_rules=KNN_RULE)
     expected = expected_alerts(x, y, daemon.eps)
     daemon.start()
     try:

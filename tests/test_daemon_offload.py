@@ -33,6 +33,17 @@ def pool():
         p.shutdown()
 
 
+def requests_config():
+    """A certify rule on topic "requests" (its job module is patched to tests.offload_jobs)."""
+    return parse_config(
+        {
+            "files": {"decisions": "unused", "topic": "requests"},
+            "outputs": {"alerts_file": "a", "dead_letter_file": "d", "certifications_file": "c"},
+            "rules": [{"name": "c", "kind": "certify", "job": "knn", "topic": "requests"}],
+        }
+    )
+
+
 async def test_jobs_of_one_batch_run_side_by_side(pool):
     p = pool(workers=2)
     await p.submit("warm", offload_jobs.interval, 0.0)  # start the workers
@@ -69,13 +80,7 @@ async def test_saturation_is_reported_until_a_job_finishes(pool):
 
 async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, pool, monkeypatch):
     monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
-    config = parse_config(
-        {
-            "files": {"decisions": "unused", "topic": "requests"},
-            "outputs": {"alerts_file": "a", "dead_letter_file": "d", "certifications_file": "c"},
-            "rules": [{"name": "c", "kind": "certify", "job": "knn", "topic": "requests"}],
-        }
-    )
+    config = requests_config()
     shared = pool(workers=2)
     context = RuleContext(Metrics(), shared, lambda *a: shared, "v", "certs", "dead")
     rule = certify_rule.CertifyRule(config.rules[0], context)
@@ -112,13 +117,7 @@ async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, 
 
 async def test_exactly_once_results_go_out_in_request_order(pool, monkeypatch):
     monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
-    config = parse_config(
-        {
-            "files": {"decisions": "unused", "topic": "requests"},
-            "outputs": {"alerts_file": "a", "dead_letter_file": "d", "certifications_file": "c"},
-            "rules": [{"name": "c", "kind": "certify", "job": "knn", "topic": "requests"}],
-        }
-    )
+    config = requests_config()
     shared = pool(workers=2)
     context = RuleContext(Metrics(), shared, lambda *a: shared, exactly_once=True)
     rule = certify_rule.CertifyRule(config.rules[0], context)
