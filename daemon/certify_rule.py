@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from connectors.events import Decision, Record, dead_letter, encode
 from daemon.alerts import now_iso
 from daemon.config import CertifyRuleConfig, CfxRuleConfig
 from daemon.offload import JobOutcome
-from daemon.rules import Rule, RuleContext, RuleResult
+from daemon.rules import Rule, RuleContext, RuleResult, read_model
 from rules.reach.network import Network, load_checked
 
 JOBS = {
@@ -180,7 +179,7 @@ class CfxRule(_PoolRule):
     def __init__(self, config: CfxRuleConfig, context: RuleContext) -> None:
         super().__init__(config, context)
         self.config = config
-        self.network, _ = load_checked(Path(config.onnx))
+        self.network, _ = load_checked(read_model(config.onnx, config.name))
 
     def matches(self, decision: Decision) -> bool:
         return self.config.model is None or decision.model == self.config.model

@@ -17,7 +17,7 @@ from connectors.events import Decision, Record, encode
 from daemon.alerts import now_iso
 from daemon.config import ReachRuleConfig
 from daemon.offload import JobOutcome, OffloadPool
-from daemon.rules import Rule, RuleContext, RuleResult
+from daemon.rules import Rule, RuleContext, RuleResult, read_model
 from rules.reach import worker
 
 
@@ -57,7 +57,7 @@ class ReachRule(Rule):
         self.version: str | None = None
         self._sent: str | None = None  # the version the worker was last sent
         if config.onnx is not None:
-            self.model = Path(config.onnx).read_bytes()
+            self.model = read_model(config.onnx, config.name)
             self.version = f"file:{Path(config.onnx).name}"
 
     def wants_decisions(self, topic: str) -> bool:

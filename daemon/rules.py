@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,14 @@ class RuleResult:
     flagged: int = 0
     witnesses: int = 0
     seconds: float = 0.0
+
+
+def read_model(path: Path, rule: str) -> bytes:
+    """A rule's ONNX file, or an error naming the rule and the file."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"rule {rule!r}: cannot read onnx {path}: {e.strerror}") from None
 
 
 class Rule:

@@ -185,3 +185,67 @@ def test_example_configs_are_valid():
     assert len(paths) >= 2
     for path in paths:
         load_config(path)
+
+
+def _config(rules: list[dict], **outputs) -> dict:
+    return {
+        "kafka": {"bootstrap_servers": "unused:9092"},
+        "outputs": outputs,
+        "rules": rules,
+    }
+
+
+REACH = {
+    "name": "v",
+    "kind": "reach",
+    "topic": "t",
+    "model": "m",
+    "onnx": "m.onnx",
+    "C": [[1.0, 0.0]],
+    "d": [1.0],
+}
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ([{**REACH, "d": [1.0, 2.0]}], "rules.0: Value error, C needs one non-empty row per"),
+        ([{**REACH, "accelerations": "bmw+turbo"}], "unknown accelerations ['turbo']"),
+        ([{**REACH, "onnx": None}], "set onnx (a starting model) or models_topic"),
+        (
+            [
+                {"name": "c", "kind": "certify", "job": "knn", "topic": "t"},
+                {"name": "i", "kind": "ior", "topic": "t", "eps": 0.1},
+            ],
+            "rule 'i' reads a certify rule's requests topic",
+        ),
+        ([{"name": "c", "kind": "certify", "job": "svm", "topic": "q"}], "rules.0.job"),
+    ],
+)
+def test_new_rule_kinds_are_validated(rules, message):
+    with pytest.raises(ConfigError) as e:
+        parse_config(_config(rules))
+    assert message in str(e.value)
+
+
+def test_files_mode_needs_outputs_and_one_topic():
+    files = {"decisions": "d.jsonl", "topic": "t"}
+    base = {"alerts_file": "a", "dead_letter_file": "b"}
+    with pytest.raises(ConfigError, match=r"outputs\.verifications_file"):
+        parse_config({"files": files, "outputs": base, "rules": [REACH]})
+    with pytest.raises(ConfigError, match="models_topic and other topics need"):
+        parse_config(
+            {
+                "files": files,
+                "outputs": {**base, "verifications_file": "v"},
+                "rules": [{**REACH, "models_topic": "models"}],
+            }
+        )
+
+
+def test_a_missing_model_file_is_named(tmp_path):
+    from daemon.service import build_pipeline
+
+    config = parse_config(_config([{**REACH, "onnx": str(tmp_path / "gone.onnx")}]))
+    with pytest.raises(ValueError, match=r"rule 'v': cannot read onnx .*gone.onnx"):
+        build_pipeline(config, Metrics())
