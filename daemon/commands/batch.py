@@ -1,0 +1,88 @@
+"""`vigil verify batch`: complete robustness verdicts for a set of inputs (BaVerLy MILP)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import orjson
+from tqdm import tqdm
+
+from rules.certify.batch import METHODS, SIZERS, VerificationError, verify_inputs
+
+GROUP = "verify"
+
+
+def _clip(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI, got {text!r}") from None
+    return lo, hi
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "batch",
+        help="complete L-inf robustness of every input (mini-batch MILP, BaVerLy)",
+        description="Decide for every input whether the network is robust in its eps-ball.",
+    )
+    p.add_argument("--model", type=Path, required=True, metavar="M.onnx")
+    p.add_argument("--inputs", type=Path, required=True, metavar="X.npy", help="(n, d) array")
+    p.add_argument("--labels", type=Path, required=True, metavar="y.npy", help="(n,) classes")
+    p.add_argument("--eps", type=float, required=True, help="L-inf radius of each ball")
+    p.add_argument("--clip", type=_clip, metavar="LO,HI", help="valid input range, e.g. 0,1")
+    p.add_argument("--max-batch", type=int, default=16, help="largest mini-batch")
+    p.add_argument(
+        "--baseline",
+        choices=[m for m in METHODS if m != "baverly"],
+        help="verify one input at a time instead (the MIPVerify-style baseline)",
+    )
+    p.add_argument("--sizer", choices=SIZERS, default="thompson", help="batch-size policy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, metavar="verdicts.jsonl", help="one JSON line per input")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(handler=run)
+
+
+def _load(path: Path, what: str) -> np.ndarray:
+    if not path.is_file():
+        raise ValueError(f"{what} {path}: no such file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what} {path}: not a .npy array ({e})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.model.is_file():
+        raise ValueError(f"model {args.model}: no such file")
+    inputs = _load(args.inputs, "inputs")
+    labels = _load(args.labels, "labels")
+    bar = tqdm(total=len(inputs), unit="input", disable=args.no_progress, file=sys.stderr)
+    try:
+        report = verify_inputs(
+            args.model.read_bytes(),
+            inputs.reshape(len(inputs), -1) if inputs.ndim > 2 else inputs,
+            labels,
+            args.eps,
+            clip=args.clip,
+            max_batch=args.max_batch,
+            method=args.baseline or "baverly",
+            sizer=args.sizer,
+            seed=args.seed,
+            progress=bar.update,
+        )
+    except VerificationError as e:
+        print(f"vigil verify batch: no verdict: {e}", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+    if args.out:
+        with args.out.open("wb") as f:
+            for verdict in report.verdicts:
+                f.write(orjson.dumps(verdict) + b"\n")
+    print(orjson.dumps(report.summary).decode(), flush=True)
+    return 0

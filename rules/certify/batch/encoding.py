@@ -1,0 +1,326 @@
+"""MIPVerify-style HiGHS model of a ReLU chain, grown one layer at a time.
+
+One model serves three purposes in turn: its LP relaxation tightens the next layer's bounds
+(the big-M ReLU encoding with continuous indicators is the triangle relaxation), the same
+model with integral indicators is the exact MILP, and the adversarial rows turn it into the
+robustness query. Stable ReLUs get no indicator, inactive ones no column at all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+
+INF = highspy.kHighsInf
+BOUND_SLACK = 1e-6
+"""Relative and absolute widening of LP-derived bounds, so solver tolerances never cut a point."""
+
+
+class VerificationError(RuntimeError):
+    """The solver gave no verdict (time limit, numerical failure): never read as robust."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Pre-activation bounds [lower, upper] of one hidden layer (or the union's box)."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+
+    @property
+    def post(self) -> Layer:
+        """Bounds after the ReLU."""
+        return Layer(np.maximum(self.lower, 0.0), np.maximum(self.upper, 0.0))
+
+    @property
+    def unstable(self) -> np.ndarray:
+        return (self.lower < 0.0) & (self.upper > 0.0)
+
+
+def interval_layer(w: np.ndarray, b: np.ndarray, box: Layer) -> Layer:
+    """Interval bounds of W a + b for a in the box."""
+    centre = (box.lower + box.upper) / 2.0
+    radius = (box.upper - box.lower) / 2.0
+    mid = w @ centre + b
+    spread = np.abs(w) @ radius
+    return Layer(mid - spread, mid + spread)
+
+
+def _widen(value: float, down: bool) -> float:
+    slack = BOUND_SLACK * (1.0 + abs(value))
+    return value - slack if down else value + slack
+
+
+class ReluModel:
+    """A HiGHS model whose last block of columns is the current layer's activations."""
+
+    def __init__(self, time_limit: float, budget: float | None = None) -> None:
+        """``time_limit`` caps each HiGHS run; ``budget`` (seconds) caps the model's whole life."""
+        self.h = highspy.Highs()
+        self.h.setOptionValue("output_flag", False)
+        self.h.setOptionValue("threads", 1)
+        self.time_limit = float(time_limit)
+        self.deadline = None if budget is None else time.perf_counter() + budget
+        self.ncols = 0
+        self.integers: list[int] = []
+        self.input_cols = np.zeros(0, dtype=np.int32)
+        self.choice_cols = np.zeros(0, dtype=np.int32)
+        self.current = np.zeros(0, dtype=np.int32)
+        self.alive = np.zeros(0, dtype=bool)
+        self.dead_value = np.zeros(0)
+        self.box = Layer(np.zeros(0), np.zeros(0))
+        self.margin = (np.zeros((0, 0)), np.zeros(0))  # y_j - y_label over the last block
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _cols(self, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+        n = len(lower)
+        self.h.addVars(n, np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64))
+        idx = np.arange(self.ncols, self.ncols + n, dtype=np.int32)
+        self.ncols += n
+        return idx
+
+    def _rows(self, lower: list[float], upper: list[float], rows: list[tuple]) -> None:
+        """Rows given as (column indices, values) pairs."""
+        if not rows:
+            return
+        starts = np.cumsum([0] + [len(c) for c, _ in rows[:-1]]).astype(np.int32)
+        index = np.concatenate([np.asarray(c, dtype=np.int32) for c, _ in rows])
+        value = np.concatenate([np.asarray(v, dtype=np.float64) for _, v in rows])
+        self.h.addRows(
+            len(rows),
+            np.asarray(lower, dtype=np.float64),
+            np.asarray(upper, dtype=np.float64),
+            len(index),
+            starts,
+            index,
+            value,
+        )
+
+    def start_box(self, box: Layer) -> None:
+        """The input ball (already clipped) as column bounds."""
+        self.input_cols = self._cols(box.lower, box.upper)
+        self.current = self.input_cols
+        self.alive = np.ones(len(box.lower), dtype=bool)
+        self.dead_value = np.zeros(len(box.lower))
+        self.box = box
+
+    def start_union(self, boxes: list[Layer], hull: bool = True) -> None:
+        """Eq. 1: the layer's output v lies in one of the boxes, ball j chosen by binary q_j.
+
+        ``hull=False`` is the paper's big-M form (M per coordinate: the union's own bounds).
+        ``hull=True`` writes the same disjunction in Balas' form, v = sum_j v_j with
+        lo_j q_j <= v_j <= hi_j q_j: the same integer points, but its LP relaxation is the
+        convex hull of the union instead of its bounding box, so the bounds of later layers
+        and the MILP's relaxation stay tight.
+        """
+        lo = np.stack([b.lower for b in boxes])
+        hi = np.stack([b.upper for b in boxes])
+        hull_lo, hull_hi = lo.min(axis=0), hi.max(axis=0)
+        self.alive = hull_hi > hull_lo
+        self.dead_value = np.where(self.alive, 0.0, hull_lo)
+        self.box = Layer(hull_lo[self.alive], hull_hi[self.alive])
+        self.current = self._cols(self.box.lower, self.box.upper)
+        self.choice_cols = self._cols(np.zeros(len(boxes)), np.ones(len(boxes)))
+        self.integers += self.choice_cols.tolist()
+        self._rows([1.0], [1.0], [(self.choice_cols, np.ones(len(boxes)))])
+        a_lo, a_hi = hull_lo[self.alive], hull_hi[self.alive]
+        b_lo, b_hi = lo[:, self.alive], hi[:, self.alive]
+        lower, upper, rows = [], [], []
+        if hull:
+            width = len(a_lo)
+            parts = [
+                self._cols(np.minimum(b_lo[j], 0.0), np.maximum(b_hi[j], 0.0))
+                for j in range(len(boxes))
+            ]
+            for i in range(width):  # v_i = sum_j v_ji
+                rows.append(
+                    (
+                        np.append([p[i] for p in parts], self.current[i]),
+                        np.append(np.ones(len(parts)), -1.0),
+                    )
+                )
+                lower.append(0.0)
+                upper.append(0.0)
+            for j, q in enumerate(self.choice_cols):
+                for i in range(width):  # lo_j q_j <= v_ji <= hi_j q_j
+                    rows.append(([parts[j][i], q], [1.0, -b_lo[j][i]]))
+                    lower.append(0.0)
+                    upper.append(INF)
+                    rows.append(([parts[j][i], q], [1.0, -b_hi[j][i]]))
+                    lower.append(-INF)
+                    upper.append(0.0)
+            self._rows(lower, upper, rows)
+            return
+        for j, q in enumerate(self.choice_cols):
+            for i in np.flatnonzero(b_lo[j] > a_lo):  # v_i >= lo_j + (L - lo_j)(1 - q_j)
+                rows.append(([self.current[i], q], [1.0, -(b_lo[j][i] - a_lo[i])]))
+                lower.append(a_lo[i])
+                upper.append(INF)
+            for i in np.flatnonzero(b_hi[j] < a_hi):  # v_i <= hi_j + (U - hi_j)(1 - q_j)
+                rows.append(([self.current[i], q], [1.0, a_hi[i] - b_hi[j][i]]))
+                lower.append(-INF)
+                upper.append(a_hi[i])
+        self._rows(lower, upper, rows)
+
+    def affine(self, w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """W a + b restricted to the current columns: (weights on those columns, offset)."""
+        dead = ~self.alive
+        return w[:, self.alive], b + w[:, dead] @ self.dead_value[dead]
+
+    def add_relu(self, w: np.ndarray, b: np.ndarray, pre: Layer) -> None:
+        """Layer a = ReLU(W a_prev + b) with pre-activation bounds ``pre``."""
+        wa, off = self.affine(w, b)
+        prev = self.current
+        active = pre.lower >= 0.0
+        unstable = pre.unstable
+        alive = active | unstable
+        cols = self._cols(np.where(active, pre.lower, 0.0)[alive], pre.upper[alive])
+        col_of = np.full(len(b), -1)
+        col_of[alive] = cols
+        lower, upper, rows = [], [], []
+        for j in np.flatnonzero(active):
+            rows.append((np.append(prev, col_of[j]), np.append(-wa[j], 1.0)))
+            lower.append(off[j])
+            upper.append(off[j])
+        unstable_idx = np.flatnonzero(unstable)
+        if len(unstable_idx):
+            s_cols = self._cols(np.zeros(len(unstable_idx)), np.ones(len(unstable_idx)))
+            self.integers += s_cols.tolist()
+            for j, s in zip(unstable_idx, s_cols, strict=True):
+                a, lj, uj = col_of[j], pre.lower[j], pre.upper[j]
+                rows.append((np.append(prev, a), np.append(-wa[j], 1.0)))  # a >= z
+                lower.append(off[j])
+                upper.append(INF)
+                rows.append((np.concatenate([prev, [a, s]]), np.concatenate([-wa[j], [1.0, -lj]])))
+                lower.append(-INF)  # a <= z - l (1 - s)
+                upper.append(off[j] - lj)
+                rows.append(([a, s], [1.0, -uj]))  # a <= u s
+                lower.append(-INF)
+                upper.append(0.0)
+        self._rows(lower, upper, rows)
+        self.current = cols
+        self.alive = alive
+        self.dead_value = np.zeros(len(b))
+        post = pre.post
+        self.box = Layer(post.lower[alive], post.upper[alive])
+
+    # -- solving -----------------------------------------------------------------------------
+
+    def _set_cost(self, cols: np.ndarray, cost: np.ndarray) -> None:
+        self.h.changeColsCost(len(cols), cols.astype(np.int32), cost.astype(np.float64))
+
+    def _run(self) -> None:
+        limit = self.time_limit
+        if self.deadline is not None:
+            left = self.deadline - time.perf_counter()
+            if left <= 0.0:
+                raise VerificationError("the batch's time budget is spent")
+            limit = min(limit, left)
+        self.h.setOptionValue("time_limit", limit)
+        self.h.run()
+
+    def _minimise(self, cols: np.ndarray, cost: np.ndarray) -> float | None:
+        """LP minimum of cost . x[cols]; None when the LP gives no optimum."""
+        self._set_cost(cols, cost)
+        self._run()
+        status = self.h.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            return None
+        return float(self.h.getInfo().objective_function_value)
+
+    def tighten(self, w: np.ndarray, b: np.ndarray, pre: Layer) -> Layer:
+        """LP-tighten the unstable neurons of the next layer (W a + b) over the current model."""
+        wa, off = self.affine(w, b)
+        lower, upper = pre.lower.copy(), pre.upper.copy()
+        for j in np.flatnonzero(pre.unstable):
+            lo = self._minimise(self.current, wa[j])
+            if lo is not None:
+                lower[j] = max(lower[j], _widen(lo + off[j], down=True))
+            if lower[j] >= 0.0:
+                continue
+            hi = self._minimise(self.current, -wa[j])
+            if hi is not None:
+                upper[j] = min(upper[j], _widen(-hi + off[j], down=False))
+        self._set_cost(self.current, np.zeros(len(self.current)))
+        return Layer(lower, upper)
+
+    def margin_bounds(self, w: np.ndarray, b: np.ndarray, label: int) -> dict[int, float]:
+        """Lower LP bounds of y_j - y_label for the classes j whose upper LP bound is >= 0."""
+        wa, off = self.affine(w, b)
+        diff_w = wa - wa[label]
+        diff_b = off - off[label]
+        interval = interval_layer(diff_w, diff_b, self.box)
+        open_classes: dict[int, float] = {}
+        for j in range(len(b)):
+            if j == label or interval.upper[j] < 0.0:
+                continue
+            hi = self._minimise(self.current, -diff_w[j])
+            if hi is not None and -hi + diff_b[j] + BOUND_SLACK * (1 + abs(hi)) < 0.0:
+                continue
+            lo = self._minimise(self.current, diff_w[j])
+            floor = interval.lower[j] if lo is None else max(interval.lower[j], lo + diff_b[j])
+            open_classes[j] = _widen(floor, down=True)
+        self._set_cost(self.current, np.zeros(len(self.current)))
+        self.margin = (diff_w, diff_b)
+        return open_classes
+
+    def add_attack(self, open_classes: dict[int, float]) -> None:
+        """Some open class j scores at least as high as the label: one binary t_j per class."""
+        diff_w, diff_b = self.margin
+        classes = sorted(open_classes)
+        if len(classes) == 1:
+            j = classes[0]
+            self._rows([-diff_b[j]], [INF], [(self.current, diff_w[j])])
+            return
+        t_cols = self._cols(np.zeros(len(classes)), np.ones(len(classes)))
+        self.integers += t_cols.tolist()
+        rows = [(t_cols, np.ones(len(classes)))]
+        lower, upper = [1.0], [1.0]
+        for j, t in zip(classes, t_cols, strict=True):
+            floor = open_classes[j]  # margin_j >= floor (1 - t_j)
+            rows.append((np.append(self.current, t), np.append(diff_w[j], floor)))
+            lower.append(floor - diff_b[j])
+            upper.append(INF)
+        self._rows(lower, upper, rows)
+
+    def solve_milp(self) -> np.ndarray | None:
+        """A feasible point of the MILP (all columns), or None when it is infeasible."""
+        if self.integers:
+            idx = np.asarray(self.integers, dtype=np.int32)
+            kinds = np.full(len(idx), highspy.HighsVarType.kInteger.value, dtype=np.uint8)
+            self.h.changeColsIntegrality(len(idx), idx, kinds)
+        self._run()
+        status = self.h.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return None
+        if status == highspy.HighsModelStatus.kOptimal:
+            return np.asarray(self.h.getSolution().col_value)
+        raise VerificationError(
+            f"HiGHS stopped without a verdict: {self.h.modelStatusToString(status)}"
+        )
+
+    def exclude_choice(self, j: int) -> None:
+        """Force q_j = 0: ball j leaves the batch, the rest of the model stays."""
+        col = self.choice_cols[j : j + 1]
+        self.h.changeColsBounds(1, col, np.zeros(1), np.zeros(1))
+
+    def sharpen(self, point: np.ndarray, target: int) -> np.ndarray:
+        """Within the linear region of a MILP point, the input that maximises y_target - y_label.
+
+        A first feasible point often sits exactly on the decision boundary, where float32
+        inference may still pick the label; the region's best point has a clear margin.
+        """
+        idx = np.asarray(self.integers, dtype=np.int32)
+        fixed = np.round(point[idx])
+        self.h.changeColsBounds(len(idx), idx, fixed, fixed)
+        kinds = np.full(len(idx), highspy.HighsVarType.kContinuous.value, dtype=np.uint8)
+        self.h.changeColsIntegrality(len(idx), idx, kinds)
+        diff_w, _ = self.margin
+        best = self._minimise(self.current, -diff_w[target])
+        if best is None:
+            return point
+        return np.asarray(self.h.getSolution().col_value)

@@ -1,0 +1,171 @@
+"""Verify a set of labelled inputs of an ONNX classifier: BaVerLy or one-by-one, per class.
+
+Shared by the CLI, the daemon job and the benchmark. Every "not robust" verdict carries an
+adversarial input that onnxruntime misclassifies; anything else is an error, never a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
+from rules.certify.batch.encoding import VerificationError
+from rules.certify.batch.mipverify import DEFAULT_TIME_LIMIT, ball_box
+from rules.reach.network import OnnxRunner, load_checked
+
+METHODS = ("baverly", "one-by-one")
+SIZERS = ("thompson", "random")
+CONTAINMENT_TOL = 1e-9
+
+
+class InvalidBatchInput(ValueError):
+    """The inputs, labels or options of a batch verification are malformed."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """One verdict dict per input (in input order) and the run's summary."""
+
+    verdicts: list[dict]
+    summary: dict
+
+
+def _validate(
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    eps: float,
+    clip: tuple[float, float] | None,
+    max_batch: int,
+    method: str,
+    sizer: str,
+) -> None:
+    if inputs.ndim != 2 or not len(inputs):
+        raise InvalidBatchInput(
+            f"inputs must be a non-empty (n, d) array, got shape {inputs.shape}"
+        )
+    if not np.isfinite(inputs).all():
+        raise InvalidBatchInput("inputs hold NaN or infinite values")
+    if labels.shape != (len(inputs),):
+        raise InvalidBatchInput(f"labels must have shape ({len(inputs)},), got {labels.shape}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise InvalidBatchInput(f"eps must be a positive finite number, got {eps}")
+    if clip is not None:
+        lo, hi = clip
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise InvalidBatchInput(f"clip must be finite lo < hi, got {clip}")
+        outside = np.flatnonzero(((inputs < lo) | (inputs > hi)).any(axis=1))
+        if outside.size:
+            raise InvalidBatchInput(
+                f"{outside.size} inputs lie outside the clip range [{lo}, {hi}] "
+                f"(first: index {int(outside[0])})"
+            )
+    if max_batch < 1:
+        raise InvalidBatchInput(f"max_batch must be >= 1, got {max_batch}")
+    if method not in METHODS:
+        raise InvalidBatchInput(f"method must be one of {METHODS}, got {method!r}")
+    if sizer not in SIZERS:
+        raise InvalidBatchInput(f"sizer must be one of {SIZERS}, got {sizer!r}")
+
+
+def _labels(raw: np.ndarray, classes: int) -> np.ndarray:
+    labels = np.asarray(raw)
+    if labels.ndim != 1:
+        raise InvalidBatchInput(f"labels must be one-dimensional, got shape {labels.shape}")
+    if labels.size and not np.all(np.equal(np.mod(labels, 1), 0)):
+        raise InvalidBatchInput("labels must be integers")
+    labels = labels.astype(np.int64)
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if bad.size:
+        raise InvalidBatchInput(
+            f"labels must lie in 0..{classes - 1}; index {int(bad[0])} has {int(labels[bad[0]])}"
+        )
+    return labels
+
+
+def _checker(runner: OnnxRunner, label: int) -> Callable[[np.ndarray], bool]:
+    return lambda x: int(np.argmax(runner(x[None, :])[0])) != label
+
+
+def verify_inputs(
+    model: bytes,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    eps: float,
+    clip: tuple[float, float] | None = None,
+    max_batch: int = 16,
+    method: str = "baverly",
+    sizer: str = "thompson",
+    seed: int = 0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    progress: Progress | None = None,
+) -> Report:
+    """Robust / not_robust / misclassified for every input's eps-ball (L-inf, clipped)."""
+    try:
+        x = np.asarray(inputs, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InvalidBatchInput(f"inputs are not numeric: {e}") from None
+    try:
+        network, runner = load_checked(model)
+    except InvalidBatchInput:
+        raise
+    except Exception as e:  # unparsable bytes, unsupported operators, numpy/onnx disagreement
+        raise InvalidBatchInput(f"model: {e}") from None
+    try:
+        y = _labels(labels, network.output_dim)
+    except TypeError as e:
+        raise InvalidBatchInput(f"labels are not numeric: {e}") from None
+    _validate(x, y, eps, clip, max_batch, method, sizer)
+    if x.shape[1] != network.input_dim:
+        raise InvalidBatchInput(
+            f"inputs have {x.shape[1]} features, the model expects {network.input_dim}"
+        )
+    start = time.perf_counter()
+    predicted = np.argmax(runner(x), axis=1)
+    verdicts: list[dict] = [{"index": i, "verdict": "misclassified"} for i in range(len(x))]
+    stats = Stats()
+    if progress:
+        progress(int(np.sum(predicted != y)))
+    for label in np.unique(y[predicted == y]):
+        members = np.flatnonzero((y == label) & (predicted == y))
+        boxes = [ball_box(x[i], eps, clip) for i in members]
+        check = _checker(runner, int(label))
+        if method == "one-by-one":
+            outcomes = verify_one_by_one(network, boxes, int(label), check, time_limit, progress)
+        else:
+            outcomes = BatchVerifier(
+                network, boxes, int(label), check, time_limit, stats, progress
+            ).verify(max_batch, sizer, seed)
+        for local, outcome in outcomes.items():
+            i = int(members[local])
+            if outcome.robust:
+                verdicts[i] = {"index": i, "verdict": "robust"}
+                continue
+            adv = outcome.adversarial
+            box = boxes[local]
+            inside = np.all(adv >= box.lower - CONTAINMENT_TOL) and np.all(
+                adv <= box.upper + CONTAINMENT_TOL
+            )
+            if not inside or not check(adv):
+                raise VerificationError(
+                    f"input {i}: the MILP counterexample is not confirmed by onnxruntime "
+                    "(a tie within solver tolerance)"
+                )
+            verdicts[i] = {"index": i, "verdict": "not_robust", "adversarial_example": adv.tolist()}
+    counts = {v: sum(d["verdict"] == v for d in verdicts) for v in ("robust", "not_robust")}
+    summary = {
+        "inputs": len(x),
+        "robust": counts["robust"],
+        "not_robust": counts["not_robust"],
+        "misclassified": int(np.sum(predicted != y)),
+        "seconds": round(time.perf_counter() - start, 4),
+        "method": method,
+    }
+    if method == "baverly":
+        summary.update(stats.as_dict())
+        summary["sizer"] = sizer
+    return Report(verdicts, summary)

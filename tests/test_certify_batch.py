@@ -1,0 +1,267 @@
+"""Batch robustness verification: the MILP verifiers against an exact enumeration oracle."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.cluster.hierarchy import linkage, to_tree
+from scipy.optimize import linprog
+from scipy.spatial.distance import pdist
+
+from rules.certify.batch.bandit import RandomSizer, ThompsonSizer
+from rules.certify.batch.baverly import BatchVerifier, Stats, verify_one_by_one
+from rules.certify.batch.clustering import BatchTree, activation_patterns
+from rules.certify.batch.encoding import Layer, ReluModel, VerificationError
+from rules.certify.batch.mipverify import ball_box, verify_ball
+from rules.reach.network import Network
+
+SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def tiny_network(seed: int, sizes=(2, 4, 3, 3)) -> Network:
+    rng = np.random.default_rng(seed)
+    return Network.from_arrays(
+        [
+            (rng.normal(size=(b, a)), rng.normal(scale=0.5, size=b))
+            for a, b in itertools.pairwise(sizes)
+        ]
+    )
+
+
+def oracle_robust(net: Network, box: Layer, label: int) -> bool:
+    """Exact: for every activation pattern, an LP asks for a point of the box in that linear
+    region with some other class scoring >= the label. No big-M, no bounds, no MILP."""
+    widths = net.hidden_sizes
+    d = net.input_dim
+    for bits in itertools.product([0, 1], repeat=sum(widths)):
+        a_ub, b_ub = [], []
+        w_eff, b_eff = np.eye(d), np.zeros(d)  # the current layer's input as an affine map of x
+        pos = 0
+        for w, b, n in zip(net.weights[:-1], net.biases[:-1], widths, strict=True):
+            zw, zb = w @ w_eff, w @ b_eff + b
+            on = np.array(bits[pos : pos + n], dtype=bool)
+            pos += n
+            a_ub += list(-zw[on]) + list(zw[~on])  # z >= 0 where on, z <= 0 where off
+            b_ub += list(zb[on]) + list(-zb[~on])
+            w_eff, b_eff = zw * on[:, None], zb * on
+        out_w, out_b = net.weights[-1] @ w_eff, net.weights[-1] @ b_eff + net.biases[-1]
+        for j in range(net.output_dim):
+            if j == label:
+                continue
+            rows = [*a_ub, out_w[label] - out_w[j]]  # y_j - y_label >= 0
+            rhs = [*b_ub, out_b[j] - out_b[label]]
+            res = linprog(
+                np.zeros(d),
+                A_ub=np.array(rows),
+                b_ub=np.array(rhs),
+                bounds=list(zip(box.lower, box.upper, strict=True)),
+                method="highs",
+            )
+            if res.status == 0:
+                return False
+    return True
+
+
+def margin(net: Network, x: np.ndarray, label: int) -> float:
+    z = net.logits(x[None, :])[0]
+    return float(np.max(np.delete(z, label)) - z[label])
+
+
+@SLOW
+@given(
+    seed=st.integers(0, 10_000),
+    centre=st.lists(st.floats(-1, 1), min_size=2, max_size=2),
+    eps=st.floats(0.05, 0.6),
+)
+def test_one_ball_verdict_matches_region_enumeration(seed, centre, eps):
+    net = tiny_network(seed)
+    x = np.array(centre)
+    label = int(np.argmax(net.logits(x[None, :])[0]))
+    box = ball_box(x, eps, (-1.0, 1.0))
+    outcome = verify_ball(net, box, label)
+    assert outcome.robust == oracle_robust(net, box, label)
+    if not outcome.robust:
+        adv = outcome.adversarial
+        assert np.all(adv >= box.lower - 1e-9) and np.all(adv <= box.upper + 1e-9)
+        assert margin(net, adv, label) >= -1e-7
+
+
+@SLOW
+@given(
+    seed=st.integers(0, 10_000),
+    centres=st.lists(st.lists(st.floats(-1, 1), min_size=2, max_size=2), min_size=2, max_size=6),
+    eps=st.floats(0.05, 0.5),
+    split=st.sampled_from([1, 2]),
+)
+def test_batch_verdicts_match_oracle_at_every_split(seed, centres, eps, split):
+    net = tiny_network(seed)
+    x = np.array(centres)
+    label = int(np.argmax(net.logits(x[:1])[0]))
+    x = x[np.argmax(net.logits(x), axis=1) == label]
+    boxes = [ball_box(c, eps, None) for c in x]
+    verifier = BatchVerifier(net, boxes, label, None, 60.0, Stats())
+    verifier.run_batch(list(range(len(boxes))), split)
+    for i, box in enumerate(boxes):
+        assert verifier.outcomes[i].robust == oracle_robust(net, box, label)
+
+
+@SLOW
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(3, 9),
+    eps=st.floats(0.05, 0.4),
+    sizer=st.sampled_from(["thompson", "random"]),
+)
+def test_baverly_equals_one_by_one(seed, n, eps, sizer):
+    net = tiny_network(seed, sizes=(2, 5, 4, 3))
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, 2))
+    label = int(np.bincount(np.argmax(net.logits(x), axis=1)).argmax())
+    x = x[np.argmax(net.logits(x), axis=1) == label]
+    boxes = [ball_box(c, eps, (-1.0, 1.0)) for c in x]
+
+    def check(p):
+        return margin(net, p, label) > 0
+
+    stats = Stats()
+    batched = BatchVerifier(net, boxes, label, check, 60.0, stats).verify(3, sizer, seed)
+    alone = verify_one_by_one(net, boxes, label, check, 60.0)
+    assert {i: o.robust for i, o in batched.items()} == {i: o.robust for i, o in alone.items()}
+    for o in batched.values():
+        if not o.robust:
+            assert check(o.adversarial)
+    assert all(1 <= s <= 3 for s in stats.batch_sizes)
+
+
+def test_linear_classifier_is_verified_without_batches():
+    net = tiny_network(2, sizes=(2, 3))
+    x = np.random.default_rng(2).uniform(-1, 1, size=(6, 2))
+    label = int(np.bincount(np.argmax(net.logits(x), axis=1)).argmax())
+    boxes = [ball_box(c, 0.3, None) for c in x[np.argmax(net.logits(x), axis=1) == label]]
+    out = BatchVerifier(net, boxes, label, None, 60.0, Stats()).verify(4, "thompson", 0)
+    assert [out[i].robust for i in range(len(boxes))] == [
+        oracle_robust(net, b, label) for b in boxes
+    ]
+
+
+@pytest.mark.parametrize("hull", [True, False])
+@given(
+    boxes=st.lists(
+        st.lists(st.tuples(st.integers(-8, 8), st.integers(0, 4)), min_size=3, max_size=3),
+        min_size=1,
+        max_size=4,
+    ),
+    point=st.lists(st.integers(-10, 14), min_size=3, max_size=3),
+)
+@settings(max_examples=40, deadline=None)
+def test_union_encoding_is_feasible_iff_point_in_some_box(hull, boxes, point):
+    """Theorem 4.1 for both forms of Eq. 1."""
+    layers = [
+        Layer(np.array([a for a, _ in b]) / 4, np.array([a + w for a, w in b]) / 4) for b in boxes
+    ]
+    model = ReluModel(10.0)
+    model.start_union(layers, hull=hull)
+    p = np.array(point) / 4
+    alive_point = p[model.alive]
+    fixed_ok = np.array_equal(p[~model.alive], model.dead_value[~model.alive])
+    for col, value in zip(model.current, alive_point, strict=True):  # v = p as rows
+        model.h.addRow(value, value, 1, np.array([col], dtype=np.int32), np.array([1.0]))
+    expected = any(np.all(p >= b.lower) and np.all(p <= b.upper) for b in layers)
+    if not fixed_ok:
+        assert not expected
+        return
+    found = model.solve_milp() is not None
+    assert found == expected
+
+
+def reference_take(root, remaining: set[int], limit: int) -> list[int]:
+    """Slow pre-order search over scipy's own tree, counting the leaves still remaining."""
+
+    def count(node):
+        return len(set(node.pre_order()) & remaining)
+
+    def visit(node):
+        c = count(node)
+        if c == 0:
+            return None
+        if c <= limit:
+            return sorted(set(node.pre_order()) & remaining)
+        return visit(node.get_left()) or visit(node.get_right())
+
+    return visit(root)
+
+
+@given(
+    patterns=st.lists(st.lists(st.booleans(), min_size=6, max_size=6), min_size=1, max_size=14),
+    sizes=st.lists(st.integers(1, 5), min_size=20, max_size=20),
+)
+@settings(max_examples=60, deadline=None)
+def test_batch_tree_hands_out_preorder_subtrees(patterns, sizes):
+    p = np.array(patterns)
+    tree = BatchTree(p, list(range(len(p))))
+    root = to_tree(linkage(pdist(p, metric="hamming"), method="complete")) if len(p) > 1 else None
+    remaining = set(range(len(p)))
+    for limit in sizes:
+        if not remaining:
+            break
+        batch = tree.take(limit)
+        expected = [0] if root is None else reference_take(root, remaining, limit)
+        assert sorted(batch) == expected
+        remaining -= set(batch)
+        assert tree.remaining() == len(remaining)
+    assert tree.take(3) == [] or remaining
+
+
+def test_activation_patterns_are_the_signs_of_pre_activations():
+    net = tiny_network(3, sizes=(4, 6, 5, 2))
+    x = np.random.default_rng(0).normal(size=(7, 4))
+    h1 = x @ net.weights[0].T + net.biases[0]
+    h2 = np.maximum(h1, 0) @ net.weights[1].T + net.biases[1]
+    assert np.array_equal(activation_patterns(net, x), np.hstack([h1 > 0, h2 > 0]))
+
+
+def test_thompson_sizer_settles_on_the_fastest_size():
+    sizer = ThompsonSizer(16, bucket=4, seed=1)
+    assert sizer.arms == [4, 8, 12, 16]
+    rng = np.random.default_rng(0)
+    true_velocity = {4: 1.0, 8: 3.0, 12: 1.5, 16: 0.5}
+    picks = []
+    for _ in range(80):
+        size = sizer.choose()
+        picks.append(size)
+        sizer.update(size, true_velocity[size] + rng.normal(scale=0.2))
+    assert picks[-40:].count(8) >= 30
+
+
+def test_random_sizer_stays_in_range():
+    sizer = RandomSizer(5, seed=0)
+    picks = {sizer.choose() for _ in range(200)}
+    assert picks == {1, 2, 3, 4, 5}
+
+
+def test_timeout_is_an_error_not_a_verdict():
+    net = tiny_network(5, sizes=(8, 24, 24, 4))
+    x = np.zeros(8)
+    label = int(np.argmax(net.logits(x[None, :])[0]))
+    with pytest.raises(VerificationError):
+        verify_ball(net, ball_box(x, 0.5, None), label, time_limit=0.0)
+
+
+def test_batch_over_budget_falls_back_to_single_balls():
+    net = tiny_network(11, sizes=(2, 4, 3, 3))
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, size=(8, 2))
+    label = int(np.bincount(np.argmax(net.logits(x), axis=1)).argmax())
+    x = x[np.argmax(net.logits(x), axis=1) == label]
+    boxes = [ball_box(c, 0.3, None) for c in x]
+    stats = Stats()
+    verifier = BatchVerifier(net, boxes, label, None, 60.0, stats, batch_budget=0.0)
+    verifier.run_batch(list(range(len(boxes))), 1)
+    assert stats.fallbacks == 1
+    assert [verifier.outcomes[i].robust for i in range(len(boxes))] == [
+        oracle_robust(net, b, label) for b in boxes
+    ]

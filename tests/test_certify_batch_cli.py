@@ -1,0 +1,145 @@
+"""`vigil verify batch` and the daemon job on a small digits network, through onnxruntime."""
+
+from __future__ import annotations
+
+import base64
+import json
+from importlib.resources import files
+
+import jsonschema
+import numpy as np
+import orjson
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.neural_network import MLPClassifier
+
+from daemon.cli import main
+from rules.certify.batch.job import run_job
+from rules.reach.network import Network, OnnxRunner
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory):
+    digits = load_digits()
+    x, y = digits.data / 16.0, digits.target
+    clf = MLPClassifier((16, 16), activation="relu", max_iter=400, random_state=0).fit(x, y)
+    net = Network.from_arrays([(w.T, b) for w, b in zip(clf.coefs_, clf.intercepts_, strict=True)])
+    onnx = net.to_onnx()
+    pick = np.flatnonzero(y == 3)[:7]
+    labels = y[pick].copy()
+    labels[-1] = 5  # a wrong label: the verdict must be "misclassified"
+    d = tmp_path_factory.mktemp("batch")
+    (d / "m.onnx").write_bytes(onnx)
+    np.save(d / "X.npy", x[pick])
+    np.save(d / "y.npy", labels)
+    return d, onnx, x[pick], labels
+
+
+def _run(capsys, d, *extra):
+    code = main(
+        [
+            "verify", "batch", "--model", str(d / "m.onnx"), "--inputs", str(d / "X.npy"),
+            "--labels", str(d / "y.npy"), "--clip", "0,1", "--max-batch", "3", "--no-progress",
+            *extra,
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr()
+    return code, out
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.08])
+def test_cli_verdicts_match_baseline_and_witnesses_are_confirmed(digits_model, capsys, eps):
+    d, onnx, x, labels = digits_model
+    runner = OnnxRunner(onnx)
+    results = {}
+    for name, extra in [("baverly", []), ("one-by-one", ["--baseline", "one-by-one"])]:
+        out_file = d / f"{name}-{eps}.jsonl"
+        code, out = _run(capsys, d, "--eps", str(eps), "--out", str(out_file), *extra)
+        assert code == 0, out.err
+        summary = json.loads(out.out.strip().splitlines()[-1])
+        lines = [json.loads(line) for line in out_file.read_text().splitlines()]
+        assert [v["index"] for v in lines] == list(range(len(x)))
+        assert summary["inputs"] == len(x) and summary["method"] == name
+        assert summary["robust"] + summary["not_robust"] + summary["misclassified"] == len(x)
+        assert lines[-1]["verdict"] == "misclassified"
+        for v in lines:
+            if v["verdict"] == "not_robust":
+                adv = np.array(v["adversarial_example"])
+                centre = x[v["index"]]
+                assert np.all(np.abs(adv - centre) <= eps + 1e-9)
+                assert np.all((adv >= 0) & (adv <= 1))
+                assert int(np.argmax(runner(adv[None, :])[0])) != labels[v["index"]]
+            else:
+                assert "adversarial_example" not in v
+        results[name] = [v["verdict"] for v in lines]
+    assert results["baverly"] == results["one-by-one"]
+
+
+def test_cli_sees_both_verdicts_across_radii(digits_model, capsys):
+    d, *_ = digits_model
+    kinds = set()
+    for eps in ("0.005", "0.2"):
+        code, out = _run(capsys, d, "--eps", eps, "--baseline", "one-by-one")
+        assert code == 0, out.err
+        summary = json.loads(out.out)
+        kinds |= {k for k in ("robust", "not_robust") if summary[k]}
+    assert kinds == {"robust", "not_robust"}
+
+
+def test_cli_rejects_mismatched_labels(digits_model, capsys, tmp_path):
+    d, *_ = digits_model
+    np.save(tmp_path / "short.npy", np.array([3, 3]))
+    code = main(
+        [
+            "verify", "batch", "--model", str(d / "m.onnx"), "--inputs", str(d / "X.npy"),
+            "--labels", str(tmp_path / "short.npy"), "--eps", "0.01", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 2
+    assert "labels must have shape" in capsys.readouterr().err
+
+
+def _schema(name: str) -> dict:
+    return orjson.loads((files("connectors") / "schemas" / name).read_bytes())
+
+
+def test_job_result_validates_against_schema(digits_model):
+    _, onnx, x, labels = digits_model
+    request = {
+        "onnx": base64.b64encode(onnx).decode(),
+        "inputs": x.tolist(),
+        "labels": labels.tolist(),
+        "eps": 0.05,
+        "clip": [0, 1],
+        "max_batch": 4,
+    }
+    jsonschema.validate(request, _schema("batch_request.json"))
+    result = run_job(request)
+    jsonschema.validate(result, _schema("batch_result.json"))
+    assert result["summary"]["inputs"] == len(x)
+    assert result["verdicts"][-1]["verdict"] == "misclassified"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("onnx", "not base64!", "'onnx'"),
+        ("eps", -1.0, "eps"),
+        ("clip", [1, 0], "clip"),
+        ("max_batch", 0, "max_batch"),
+        ("inputs", [[0.0, 2.0]], "features"),
+    ],
+)
+def test_job_names_the_bad_field(digits_model, field, value, message):
+    _, onnx, x, labels = digits_model
+    request = {
+        "onnx": base64.b64encode(onnx).decode(),
+        "inputs": x[:1].tolist(),
+        "labels": labels[:1].tolist(),
+        "eps": 0.05,
+        field: value,
+    }
+    if field == "inputs":
+        request["labels"] = [3]
+    with pytest.raises(ValueError, match=message):
+        run_job(request)
