@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -23,6 +25,7 @@ import structlog
 from daemon.metrics import Metrics
 
 log = structlog.get_logger("vigil.offload")
+_PARENT_POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,24 @@ class JobOutcome:
 
 
 def process_executor(workers: int) -> ProcessPoolExecutor:
-    """Worker processes started with ``spawn``: a forked copy of a running event loop and
-    Kafka client threads is not safe."""
-    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    """Worker processes started with ``spawn`` (a forked copy of a running event loop and
+    Kafka client threads is not safe) that exit when the daemon is gone, even if it was
+    killed without a shutdown."""
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_exit_with_parent,
+        initargs=(os.getpid(),),
+    )
+
+
+def _exit_with_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 class OffloadPool:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -133,3 +138,32 @@ async def test_exactly_once_results_go_out_in_request_order(pool, monkeypatch):
     await rule.drain()
     ids = [orjson.loads(m.value)["request_id"] for m in rule.completed()]
     assert ids == ["slow", "fast"] and rule.hold(tp) is None
+
+
+def test_workers_exit_when_the_daemon_is_killed(tmp_path):
+    """A daemon killed without a shutdown (SIGKILL) must not leave worker processes behind."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from daemon.offload import process_executor\n"
+        "from tests.offload_jobs import interval\n"
+        "if __name__ == '__main__':\n"
+        "    pool = process_executor(1)\n"
+        "    pool.submit(interval, 0.0).result()\n"
+        "    print(list(pool._processes)[0], flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    worker = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists()
