@@ -175,6 +175,9 @@ def main() -> None:
         default=5.0,
         help="INN interval as a multiple of the largest one-step layer change",
     )
+    parser.add_argument(
+        "--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS), metavar="S"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -191,7 +194,8 @@ def main() -> None:
         f"{'scenario':<16} {'method':<12} {'ms/step':>9} {'speed-up':>9} {'coverage':>9} "
         f"{'paper s':>8} {'paper x':>8} {'paper cov':>9}"
     )
-    for scenario, methods in SCENARIOS.items():
+    for scenario in args.scenarios:
+        methods = SCENARIOS[scenario]
         steps = schedule(scenario, base, args.steps, args.seed)
         base_time = None
         for method in methods:

@@ -64,6 +64,9 @@ class OffloadConfig(_Section):
         default=64, description="jobs in flight before fetching pauses (backpressure)"
     )
     timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+    nice: Annotated[int, Field(ge=0, le=19)] = Field(
+        default=10, description="workers run this much below the daemon's CPU priority"
+    )
 
 
 class MetricsConfig(_Section):

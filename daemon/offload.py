@@ -38,19 +38,23 @@ class JobOutcome:
     seconds: float = 0.0
 
 
-def process_executor(workers: int) -> ProcessPoolExecutor:
+def process_executor(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
     """Worker processes started with ``spawn`` (a forked copy of a running event loop and
-    Kafka client threads is not safe) that exit when the daemon is gone, even if it was
-    killed without a shutdown."""
+    Kafka client threads is not safe), ``niceness`` steps below the daemon's scheduling
+    priority (so certifications yield the CPU to the decision stream), that exit when the
+    daemon is gone, even if it was killed without a shutdown."""
     return ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_exit_with_parent,
-        initargs=(os.getpid(),),
+        initializer=_start_worker,
+        initargs=(os.getpid(), niceness),
     )
 
 
-def _exit_with_parent(parent: int) -> None:
+def _start_worker(parent: int, niceness: int) -> None:
+    if niceness:
+        os.nice(niceness)
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(_PARENT_POLL_SECONDS)

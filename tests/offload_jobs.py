@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -18,3 +19,7 @@ def interval(seconds: float) -> tuple[float, float]:
     started = time.time()
     time.sleep(seconds)
     return started, time.time()
+
+
+def niceness() -> int:
+    return os.nice(0)

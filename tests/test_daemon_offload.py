@@ -167,3 +167,11 @@ def test_workers_exit_when_the_daemon_is_killed(tmp_path):
     while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
         time.sleep(0.1)
     assert not Path(f"/proc/{worker}").exists()
+
+
+def test_workers_run_below_the_daemons_priority():
+    executor = process_executor(1, niceness=5)
+    try:
+        assert executor.submit(offload_jobs.niceness).result() == os.nice(0) + 5
+    finally:
+        executor.shutdown()
