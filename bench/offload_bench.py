@@ -4,7 +4,7 @@
     python bench/offload_bench.py [--bootstrap 127.0.0.1:9092] [--n 46033] [--repeats 3]
 
 Each run produces N decisions — in the "with jobs" runs after a set of slow KNN
-certification requests (a 15k-row training set each, learned in the worker) — then starts a
+certification requests (a training set of --rows rows each, learned in the worker) — then starts a
 fresh `vigil run` (at-least-once; an i.o.r. rule on the decisions and a certify rule with
 job = "knn" on the requests topic) that drains both. Decisions per second are read from
 the daemon's own `vigil_events_total` counter; the jobs must still be running when the last
@@ -34,9 +34,9 @@ from pipeline_bench import drain_rate, events, produce_all, stream  # noqa: E402
 from tests.daemon_harness import KNN_RULE, Daemon, wait_http  # noqa: E402
 
 
-def slow_requests(workdir: Path, count: int) -> list[bytes]:
+def slow_requests(workdir: Path, count: int, rows: int) -> list[bytes]:
     rng = np.random.default_rng(0)
-    x = rng.random((15_000, 4)).round(3)
+    x = rng.random((rows, 4)).round(3)
     sex = rng.integers(0, 2, len(x))
     y = ((x[:, 0] + x[:, 1] + 0.3 * rng.random(len(x))) > 1.1).astype(int)
     path = workdir / "train.csv"
@@ -79,7 +79,7 @@ async def one_run(args, x, y, with_jobs: bool) -> float:
         )
         try:
             if with_jobs:  # requests first: the jobs start as the decisions are drained
-                requests = slow_requests(workdir, args.jobs)
+                requests = slow_requests(workdir, args.jobs, args.rows)
                 await produce_all(args.bootstrap, daemon.topic_for("knn"), requests)
             await produce_all(args.bootstrap, daemon.topic, events(x, y))
             daemon.start()
@@ -98,11 +98,12 @@ async def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=1, help="offload pool processes")
     p.add_argument("--jobs", type=int, default=6, help="slow certification requests")
+    p.add_argument("--rows", type=int, default=15_000, help="training rows of each job")
     args = p.parse_args()
     x, y, name = stream(args.n)
     print(
         f"stream: {name}, {len(x)} decisions; offload workers: {args.workers}; "
-        f"{args.jobs} KNN jobs (15k training rows each) in the 'with jobs' runs"
+        f"{args.jobs} KNN jobs ({args.rows} training rows each) in the 'with jobs' runs"
     )
     rates: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.repeats):

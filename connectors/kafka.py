@@ -34,6 +34,7 @@ class KafkaSource:
         auto_offset_reset: str = "earliest",
         isolation_level: str = "read_committed",
         session_timeout_ms: int = 10_000,
+        fetch_max_wait_ms: int = 20,
     ) -> None:
         self.topics = sorted(set(topics))
         self._consumer = AIOKafkaConsumer(
@@ -47,6 +48,9 @@ class KafkaSource:
             heartbeat_interval_ms=max(500, session_timeout_ms // 5),
             # a topic created after start (say, the first model update) is found this soon
             metadata_max_age_ms=15_000,
+            # an idle partition (a drained requests topic) makes the broker hold the fetch
+            # this long, and the busy partitions on that broker wait for it
+            fetch_max_wait_ms=fetch_max_wait_ms,
         )
         self.group_id = group_id
 

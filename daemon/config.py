@@ -31,6 +31,9 @@ class KafkaConfig(_Section):
     client_id: str = "vigil"
     max_batch: Annotated[int, Field(ge=1)] = 2000
     fetch_timeout_ms: Annotated[int, Field(ge=1)] = 200
+    fetch_max_wait_ms: Annotated[int, Field(ge=1)] = Field(
+        default=20, description="how long the broker may hold a fetch for an idle partition"
+    )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: Annotated[int, Field(ge=1000)] = Field(
         default=10_000, description="how soon a crashed instance's partitions are reassigned"

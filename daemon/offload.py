@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from threadpoolctl import threadpool_limits
 
 from daemon.metrics import Metrics
 
@@ -52,6 +53,10 @@ def process_executor(workers: int, niceness: int = 0) -> ProcessPoolExecutor:
 
 
 def _start_worker(parent: int, niceness: int) -> None:
+    # one job, one core: the pool's size sets the parallelism; BLAS and OpenMP thread pools
+    # (started when the spawned process imported the daemon's modules) would take the
+    # cores the decision stream needs
+    threadpool_limits(1)
     if niceness:
         os.nice(niceness)
 

@@ -60,6 +60,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
             k.auto_offset_reset,
             "read_committed",
             k.session_timeout_ms,
+            k.fetch_max_wait_ms,
         )
         transactional_id = (
             (k.transactional_id or f"{k.group_id}-{k.client_id}") if k.exactly_once else None
