@@ -210,6 +210,10 @@ class Pipeline:
             for tp, recs in by_tp.items():
                 if tp not in self._emit_from:
                     continue  # revoked while the batch was in flight
+                # fetched before the assignment's seek and fetched again after it
+                recs = [r for r in recs if r.offset >= self._next[tp]]
+                if not recs:
+                    continue
                 positions[tp] = recs[-1].offset + 1
                 messages += await self._process_partition(tp, recs)
             for tp, offset in positions.items():

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rules.ior import Monitor, MonitorSpec
 
@@ -138,7 +140,36 @@ backend = "auto"
 """)
         return path
 
+    def create_topics(self) -> None:
+        """Create every topic of this run up front: a send to a topic the broker is still
+        auto-creating can fail (NotLeaderForPartition), and the daemon then exits by design."""
+        names = [
+            self.topic,
+            self.alerts_topic,
+            self.dead_topic,
+            self.verifications_topic,
+            self.certifications_topic,
+            self.topic_for("knn"),
+            self.topic_for("models"),
+        ]
+
+        async def create() -> None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                existing = set(await admin.list_topics())
+                new = [NewTopic(n, 1, 1) for n in names if n not in existing]
+                if new:
+                    await admin.create_topics(new)
+            finally:
+                await admin.close()
+
+        worker = threading.Thread(target=lambda: asyncio.run(create()))
+        worker.start()
+        worker.join()
+
     def start(self) -> None:
+        self.create_topics()
         config = self.write_config()
         self.log = open(self.workdir / "daemon.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(

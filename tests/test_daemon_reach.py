@@ -75,7 +75,7 @@ async def test_verification_events_follow_decisions_and_model_updates(kafka_boot
         event = first[-1]
         assert event["status"] == "holds", event
         assert event["version"] == "file:model.onnx" and event["model"] == "m"
-        assert event["coverage"] == 1.0 and event["decisions"] == 60
+        assert event["coverage"] == 1.0 and event["decisions"] == 60, daemon.log_text()
         np.testing.assert_allclose(event["input_set"]["lower"], np.full(3, -EPS))
 
         bad_dim = orjson.dumps({"id": "bad", "model": "m", "x": [0.5, 0.5], "y": 0})
