@@ -3,5 +3,21 @@
 A module names the group it joins (``GROUP``: None for a top-level command, or "verify" or
 "certify") and adds its parser in ``register(subparsers)``, setting ``handler`` to a function
 ``(args) -> exit code`` that prints its own output. A ``ValueError`` from the handler becomes
-``vigil ...: error: <message>`` and exit code 2.
+``vigil ...: error: <message>`` and exit code 2. ``load_npy`` reads array arguments.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def load_npy(path: Path, flag: str) -> np.ndarray:
+    """A numeric .npy array given on the command line, with errors that name the flag."""
+    if not path.is_file():
+        raise ValueError(f"{flag} {path}: no such file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{flag} {path}: not a .npy array ({e})") from None

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import orjson
 from tqdm import tqdm
 
+from daemon.commands import load_npy
 from rules.certify.batch import METHODS, SIZERS, VerificationError, verify_inputs
 
 GROUP = "verify"
@@ -47,20 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _load(path: Path, what: str) -> np.ndarray:
-    if not path.is_file():
-        raise ValueError(f"{what} {path}: no such file")
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{what} {path}: not a .npy array ({e})") from None
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.model.is_file():
         raise ValueError(f"model {args.model}: no such file")
-    inputs = _load(args.inputs, "inputs")
-    labels = _load(args.labels, "labels")
+    inputs = load_npy(args.inputs, "--inputs")
+    labels = load_npy(args.labels, "--labels")
     bar = tqdm(total=len(inputs), unit="input", disable=args.no_progress, file=sys.stderr)
     try:
         report = verify_inputs(

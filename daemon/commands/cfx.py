@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 import orjson
 from tqdm import tqdm
 
+from daemon.commands import load_npy
 from rules.certify.cfx.certify import as_rows, certify_rows
 from rules.reach.network import Network, load_checked
 
@@ -35,16 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled realisations")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(handler=run)
-
-
-def load_npy(path: Path, flag: str) -> np.ndarray:
-    """A numeric .npy array, with errors that name the flag."""
-    if not path.is_file():
-        raise ValueError(f"{flag} {path}: no such file")
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{flag} {path}: not a .npy array ({e})") from None
 
 
 def load_model(path: Path) -> Network:

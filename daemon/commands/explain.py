@@ -10,7 +10,8 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from daemon.commands.cfx import load_model, load_npy
+from daemon.commands import load_npy
+from daemon.commands.cfx import load_model
 from rules.certify.cfx.certify import as_rows
 from rules.certify.cfx.generate import nearest_cfx, robust_cfx
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from daemon.commands import load_npy
 from rules.reach.basis import sample
 from rules.reach.branch import reach_and_branch
 from rules.reach.network import OnnxRunner, load_checked
@@ -42,12 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _array(path: Path | None, name: str) -> np.ndarray | None:
-    if path is None:
-        return None
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--{name} {path}: cannot read a .npy array ({e})") from None
+    return None if path is None else load_npy(path, f"--{name}")
 
 
 def run(args: argparse.Namespace) -> int:
