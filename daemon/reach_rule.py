@@ -74,20 +74,22 @@ class ReachRule(Rule):
     ) -> RuleResult:
         result = RuleResult()
         dim = None if self.window is None else self.window.shape[1]
-        rows = []
-        for d in decisions:
-            problem = _input_problem(d.x, dim)
-            if problem:
-                result.dead.append((d.record, *problem))
-                continue
-            dim = dim or len(d.x)
-            rows.append(d.x)
-        if not rows:
-            return result
-        x = np.array(rows, dtype=np.float64)
+        x = _well_formed(decisions, dim)
+        if x is None:  # some input is malformed: find which, one by one
+            rows = []
+            for d in decisions:
+                problem = _input_problem(d.x, dim)
+                if problem:
+                    result.dead.append((d.record, *problem))
+                    continue
+                dim = dim or len(d.x)
+                rows.append(d.x)
+            if not rows:
+                return result
+            x = np.array(rows, dtype=np.float64)
         stack = x if self.window is None else np.vstack([self.window, x])
         self.window = stack[-self.config.window :]
-        result.checked = len(rows)
+        result.checked = len(x)
         if decisions[-1].record.offset >= emit_from and self.model is not None:
             result.events.append(await self._step(decisions[-1].record))
         return result
@@ -176,6 +178,20 @@ class ReachRule(Rule):
 
     def close(self) -> None:
         self.pool.shutdown()
+
+
+def _well_formed(decisions: list[Decision], dim: int | None) -> np.ndarray | None:
+    """The batch's inputs as one array when all are finite numbers of one length (the usual
+    case), else None."""
+    try:
+        x = np.array([d.x for d in decisions])
+    except ValueError:  # ragged
+        return None
+    if x.dtype.kind not in "if" or x.ndim != 2 or x.shape[1] == 0:
+        return None
+    if (dim is not None and x.shape[1] != dim) or not np.all(np.isfinite(x)):
+        return None
+    return x.astype(np.float64)
 
 
 def _input_problem(x: list, dim: int | None) -> tuple[str, str] | None:
