@@ -36,13 +36,15 @@ class BadEvent(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A decoded decision event; ``x`` and ``y`` are validated per rule, in batches."""
+    """A decoded decision event; ``x`` and ``y`` are validated per rule, in batches.
+    ``event`` is the whole parsed event, for rules that read optional fields (``cfx``)."""
 
     record: Record
     id: str | int
     model: str
     x: Any
     y: Any
+    event: dict[str, Any]
 
 
 def decode_decision(record: Record) -> Decision:
@@ -67,7 +69,7 @@ def decode_decision(record: Record) -> Decision:
         raise BadEvent("schema", f"x must be an array of numbers, got {type(x).__name__}")
     if isinstance(y, bool) or not isinstance(y, int | float | list):
         raise BadEvent("schema", f"y must be a label or an array, got {type(y).__name__}")
-    return Decision(record, ident, model, x, y)
+    return Decision(record, ident, model, x, y, event)
 
 
 def _classify_undecodable(value: bytes, error: Exception) -> BadEvent:

@@ -191,11 +191,10 @@ class CfxRule(_PoolRule):
         live = [d for d in decisions if d.record.offset >= emit_from]
         jobs, asked = [], []
         for d in live:
-            event = orjson.loads(d.record.value)
-            if "cfx" not in event:
+            if "cfx" not in d.event:
                 continue
             try:
-                rows = _cfx_rows(event["cfx"], self.network.input_dim)
+                rows = _cfx_rows(d.event["cfx"], self.network.input_dim)
             except ValueError as e:
                 result.dead.append((d.record, "schema", str(e)))
                 continue
