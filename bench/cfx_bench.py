@@ -1,13 +1,16 @@
 """Robust counterfactuals on German credit (the APΔS paper's Table 1 and Fig. 4 setting).
 
-A base network (20, 10 ReLU hidden units, as in the paper) is trained on a random half of the
-data, a retrained one on all of it with the same procedure. 50 rejected applicants get a
-robust counterfactual (delta = 0.05) from Algorithm 2 twice: with the APΔS test and with the
-exact MILP test (the MILP-R baseline). Reported per method: VM1 (valid on the base model),
-VM2 (valid after retraining), mean L1 cost, mean LOF plausibility (+1 inlier, -1 outlier) and
-seconds per counterfactual. Then the delta_max search time of APΔS (batched) against a loop
-over sampled models, the provable delta of the MILP, and the probabilistic guarantee checked
-by exact enumeration on tiny networks.
+A base network (20, 10 ReLU hidden units, as in the paper) is trained on a random half D1 of
+the data. The shifted model follows the authors' published procedure for Credit: the base
+network trained one more pass over the other half D2 with its own optimiser (Adam, learning
+rate 0.02, batches of 32), so it has seen all the data. A model trained from scratch on all
+of it is reported too, as a stress case far outside any delta used for generation. 50
+rejected applicants get a robust counterfactual (delta = 0.05) from Algorithm 2 twice: with
+the APΔS test and with the exact MILP test (the MILP-R baseline). Reported per method: VM1
+(valid on the base model), VM2 (valid after retraining), mean L1 cost, mean LOF plausibility
+(+1 inlier, -1 outlier) and seconds per counterfactual. Then the delta_max search time of
+APΔS (batched) against a loop over sampled models, the provable delta of the MILP, and the
+probabilistic guarantee checked by exact enumeration on tiny networks.
 
     .venv/bin/python bench/cfx_bench.py [--count 50] [--delta 0.05] [--guarantee-runs 200]
 """
@@ -59,16 +62,22 @@ def as_network(clf: MLPClassifier) -> Network:
 
 
 def train_models(
-    x: np.ndarray, y: np.ndarray, half: np.ndarray, seed: int
+    x: np.ndarray, y: np.ndarray, d1: np.ndarray, d2: np.ndarray, seed: int
 ) -> tuple[Network, Network, Network]:
-    """Base (first half), warm retrained (base continued on all data), scratch (all data)."""
+    """Base (D1), retrained (base plus one pass over D2), scratch (same procedure, all data)."""
+
+    def classifier() -> MLPClassifier:
+        return MLPClassifier(
+            (20, 10), learning_rate_init=0.02, batch_size=32, max_iter=1000, random_state=seed
+        )
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        clf = MLPClassifier((20, 10), random_state=seed, max_iter=1000, warm_start=True)
-        base = as_network(clf.fit(x[half], y[half]))
-        warm = as_network(clf.fit(x, y))
-        scratch = as_network(MLPClassifier((20, 10), random_state=seed, max_iter=1000).fit(x, y))
-    return base, warm, scratch
+        clf = classifier().fit(x[d1], y[d1])
+        base = as_network(clf)
+        retrained = as_network(clf.partial_fit(x[d2], y[d2]))
+        scratch = as_network(classifier().fit(x, y))
+    return base, retrained, scratch
 
 
 def accuracy(network: Network, x: np.ndarray, y: np.ndarray) -> float:
@@ -101,13 +110,14 @@ def table1(args: argparse.Namespace) -> None:
     x, y = load_german()
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(x))
-    half = order[: len(x) // 2]
-    base, warm, scratch = train_models(x, y, half, args.seed)
+    d1, d2 = order[: len(x) // 2], order[len(x) // 2 :]
+    base, retrained, scratch = train_models(x, y, d1, d2, args.seed)
     print(
-        f"German credit: base trained on {len(half)} rows (accuracy on all "
-        f"{accuracy(base, x, y):.3f}); retrained on all {len(x)}: warm (continued from the "
-        f"base, {accuracy(warm, x, y):.3f}, delta_e = {max_shift(base, warm):.2f}), scratch "
-        f"(same procedure, {accuracy(scratch, x, y):.3f}, delta_e = {max_shift(base, scratch):.2f})"
+        f"German credit: base trained on D1 = {len(d1)} rows (accuracy on all "
+        f"{accuracy(base, x, y):.3f}); retrained with one pass over D2 "
+        f"({accuracy(retrained, x, y):.3f}, "
+        f"delta_e = {max_shift(base, retrained):.2f}); from scratch on all {len(x)} "
+        f"({accuracy(scratch, x, y):.3f}, delta_e = {max_shift(base, scratch):.2f})"
     )
     rejected = [i for i in order if margins(base, x[i], 1)[0] < 0][: args.count]
     lof = LocalOutlierFactor(novelty=True).fit(x)
@@ -127,7 +137,7 @@ def table1(args: argparse.Namespace) -> None:
             cfxs.append(result.x)
             costs.append(result.l1)
         c = np.array(cfxs)
-        valid = [f"{(margins(m, c, 1) >= 0).mean():6.0%}" for m in (base, warm, scratch)]
+        valid = [f"{(margins(m, c, 1) >= 0).mean():6.0%}" for m in (base, retrained, scratch)]
         rows[method] = (
             f"{' '.join(valid)} {np.mean(costs):8.3f} {lof.predict(c).mean():6.2f}"
             f" {np.mean(seconds):8.2f} {len(c):3d}/{len(rejected)}"
@@ -138,7 +148,7 @@ def table1(args: argparse.Namespace) -> None:
     print(f"{'method':8} {'VM1':>6} {'VM2':>6} {'VM2s':>6} {'L1':>8} {'lof':>6} {'s/CFX':>8} found")
     print(f"{'MILP-R':8} {rows['milp']}")
     print(f"{'APΔS':8} {rows['apas']}")
-    print("VM2: valid on the warm retrained model; VM2s: on the one retrained from scratch")
+    print("VM2: valid on the retrained model; VM2s: on the one trained from scratch")
     search_times(base, found["apas"], args)
 
 
