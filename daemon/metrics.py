@@ -87,6 +87,12 @@ class Metrics:
             buckets=(*LATENCY_BUCKETS, 30, 60, 300),
             registry=r,
         )
+        self.worker_restarts = Counter(
+            "vigil_offload_worker_restarts",
+            "Offload workers stopped and replaced, by pool and reason (timeout, worker_died).",
+            ["pool", "reason"],
+            registry=r,
+        )
         self.verifications = Counter(
             "vigil_verifications",
             "Online verification steps by rule and status (holds, violated, unknown, error).",

@@ -34,8 +34,14 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     offload = config.offload
 
     def make_pool(name: str, workers: int, timeout: float) -> OffloadPool:
-        executor = process_executor(workers, offload.nice)
-        return OffloadPool(executor, metrics, offload.max_pending, timeout, name)
+        return OffloadPool(
+            lambda: process_executor(1, offload.nice),
+            workers,
+            metrics,
+            offload.max_pending,
+            timeout,
+            name,
+        )
 
     pool = None
     if any(r.kind in ("certify", "cfx") for r in config.rules):

@@ -21,5 +21,14 @@ def interval(seconds: float) -> tuple[float, float]:
     return started, time.time()
 
 
+def pid() -> int:
+    return os.getpid()
+
+
+def crash() -> None:
+    """Die the way an out-of-memory kill does: no exception, no result."""
+    os._exit(1)
+
+
 def niceness() -> int:
     return os.nice(0)

@@ -29,7 +29,9 @@ def pool():
     made = []
 
     def make(workers=2, max_pending=8, timeout=30.0):
-        p = OffloadPool(process_executor(workers), Metrics(), max_pending, timeout, "test")
+        p = OffloadPool(
+            lambda: process_executor(1), workers, Metrics(), max_pending, timeout, "test"
+        )
         made.append(p)
         return p
 
@@ -72,6 +74,37 @@ async def test_outcomes_timeout_invalid_and_metrics(pool):
     text = p.metrics.render().decode()
     assert 'vigil_offload_jobs_total{kind="slow",outcome="timeout",pool="test"} 1.0' in text
     assert 'vigil_offload_pending_jobs{pool="test"} 0.0' in text
+
+
+async def test_a_timed_out_job_gives_its_worker_back(pool):
+    """The stuck job's process is stopped and replaced: the next job does not queue behind
+    it for the rest of its run (nor time out there)."""
+    p = pool(workers=1, timeout=1.0)
+    stuck_pid = await p.submit("pid", offload_jobs.pid)
+    slow = await p.submit("slow", offload_jobs.run_job, {"sleep": 60.0})
+    assert slow.status == "timeout"
+    started = time.monotonic()
+    after = await p.submit("pid", offload_jobs.pid)
+    assert after.status == "ok" and time.monotonic() - started < 30
+    assert after.value != stuck_pid.value
+    assert not Path(f"/proc/{stuck_pid.value}").exists() or _zombie(stuck_pid.value)
+    text = p.metrics.render().decode()
+    assert 'vigil_offload_worker_restarts_total{pool="test",reason="timeout"} 1.0' in text
+
+
+async def test_a_crashed_worker_is_replaced(pool):
+    p = pool(workers=1)
+    crashed = await p.submit("crash", offload_jobs.crash)
+    assert crashed.status == "error" and "worker process died" in crashed.error
+    after = await p.submit("sleep", offload_jobs.interval, 0.0)
+    assert after.status == "ok"
+    text = p.metrics.render().decode()
+    assert 'vigil_offload_worker_restarts_total{pool="test",reason="worker_died"} 1.0' in text
+
+
+def _zombie(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return "State:\tZ" in status
 
 
 async def test_saturation_is_reported_until_a_job_finishes(pool):
