@@ -42,8 +42,8 @@ def witness_alerts(
             "rule": rule,
             "model": model,
             "decision": {
-                "id": monitor.history.ids[position],
-                "y": output_value(monitor.history.y[position]),
+                "id": monitor.ids([position])[0],
+                "y": output_value(monitor.outputs([position])[0]),
             },
             "witnesses": [
                 {"id": wid, "y": output_value(wy), "distance": float(d)}
@@ -69,5 +69,5 @@ def lipschitz(monitor: Monitor, witnesses: Witnesses, i: int) -> dict[str, Any]:
     position = int(witnesses.ratio_witness[i])
     return {
         "ratio": ratio if math.isfinite(ratio) else None,
-        "witness": monitor.history.ids[position] if position >= 0 else None,
+        "witness": monitor.ids([position])[0] if position >= 0 else None,
     }

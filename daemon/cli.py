@@ -68,6 +68,12 @@ def _add_monitor_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--batch-size", type=int, default=4096, help="decisions checked together")
     p.add_argument(
+        "--history-limit",
+        type=int,
+        metavar="N",
+        help="compare with the most recent N decisions at most (bounds memory; default: all)",
+    )
+    p.add_argument(
         "--embedding",
         type=Path,
         metavar="MODEL.onnx",
@@ -171,6 +177,8 @@ def _run_replay(
 ) -> dict:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.history_limit is not None and args.history_limit < 1:
+        raise ValueError(f"--history-limit must be >= 1, got {args.history_limit}")
     opts = ReplayOptions(
         decision_columns=decision,
         eps=args.eps,
@@ -179,6 +187,7 @@ def _run_replay(
         output_metric=args.output_metric,
         backend=args.backend,
         batch_size=args.batch_size,
+        history_limit=args.history_limit,
         drop_columns=drop,
         ignore_columns=ignore,
         scale=scale,

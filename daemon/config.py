@@ -110,6 +110,11 @@ class IorRuleConfig(_Section):
     )
     ignore: list[Annotated[int, Field(ge=0)]] = []
     scale: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
+    history_limit: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="decisions kept per partition (the oldest quarter dropped when full); "
+        "every decision if unset",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> IorRuleConfig:

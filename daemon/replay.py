@@ -62,6 +62,7 @@ class ReplayOptions:
     output_metric: str = "linf"
     backend: str = "auto"
     batch_size: int = 4096
+    history_limit: int | None = None
     drop_columns: Sequence[str] = ()
     ignore_columns: Sequence[str] = ()
     scale: dict[str, float] | None = None
@@ -107,7 +108,7 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
         ignore=_feature_indices(layout.features, opts.ignore_columns, "--ignore-columns"),
         scale=_scale_vector(layout.features, opts.scale),
     )
-    monitor = Monitor(spec, backend, embedding, **backend_options)
+    monitor = Monitor(spec, backend, embedding, opts.history_limit, **backend_options)
     labels = LabelCodes()
     output_value = labels.decode if spec.output is OutputKind.LABEL else _vector
     flagged = pairs = decisions = above = 0

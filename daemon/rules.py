@@ -161,7 +161,9 @@ class IorRule(Rule):
             return result
         if monitor is None:
             name, options = parse_backend(self.config.backend)
-            monitor = self.monitors[tp] = Monitor(self._spec(dim, out_dim), name, **options)
+            monitor = self.monitors[tp] = Monitor(
+                self._spec(dim, out_dim), name, history_limit=self.config.history_limit, **options
+            )
         started = time.perf_counter()
         w = monitor.check_batch(x, y, [d.id for d in good])
         result.seconds = time.perf_counter() - started

@@ -67,3 +67,17 @@ def largest_ratios(
                     best = (r, j)
         result.append(best)
     return result
+
+
+def window_starts(sizes: list[int], limit: int) -> list[int]:
+    """Stream position of the oldest decision each decision is compared with under
+    ``history_limit = limit``: before a batch that would overflow, the oldest are dropped,
+    as many as needed and at least a quarter of the limit."""
+    starts, held_from, seen = [], 0, 0
+    for n in sizes:
+        held = seen - held_from
+        if held + n > limit:
+            held_from += min(held, max(held + n - limit, -(-limit // 4)))
+        starts += [held_from] * n
+        seen += n
+    return starts

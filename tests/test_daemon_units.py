@@ -249,3 +249,46 @@ def test_a_missing_model_file_is_named(tmp_path):
     config = parse_config(_config([{**REACH, "onnx": str(tmp_path / "gone.onnx")}]))
     with pytest.raises(ValueError, match=r"rule 'v': cannot read onnx .*gone.onnx"):
         build_pipeline(config, Metrics())
+
+
+def test_history_limit_bounds_each_partitions_history(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 4, size=(400, 2)) / 4
+    y = rng.integers(0, 2, size=400)
+    values = [
+        orjson.dumps({"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])})
+        for i in range(400)
+    ]
+    config = parse_config(
+        {
+            "files": {"decisions": "unused", "topic": "t"},
+            "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
+            "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.25, "history_limit": 60}],
+        }
+    )
+    rule, source, sink = IorRule(config.rules[0]), MemorySource("t", values), MemorySink()
+    settings = PipelineSettings("alerts", "dead", max_batch=37)
+    pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), Metrics(), settings)
+
+    async def run():
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    monitor = rule.monitors[("t", 0)]
+    assert monitor.size <= 60 and monitor.evicted + monitor.size == 400
+    truth = witness_sets(x, y, 0.25)
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert alerts
+    for a in alerts:
+        n, found = a["decision"]["id"], [w["id"] for w in a["witnesses"]]
+        assert set(found) <= {j for j, _ in truth[n]}  # real witnesses only
+        assert min(found) >= n - 60 - 37  # and only from the window
+    with pytest.raises(ConfigError, match="history_limit"):
+        parse_config(
+            {
+                "files": {"decisions": "unused", "topic": "t"},
+                "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
+                "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 1, "history_limit": 0}],
+            }
+        )

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rules.ior import BACKENDS, Monitor, MonitorSpec
-from tests.oracle import largest_ratios, witness_sets
+from tests.oracle import largest_ratios, window_starts, witness_sets
 
 LABEL_ONLY = ("output", "output_dim", "delta", "output_metric")
 EPS = [0.0, 1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
@@ -243,3 +243,49 @@ def test_parallel_blocks_in_worker_processes_match_oracle(stream, inner):
         spec_kw = {**spec_kw, "metric": "linf"}
     options = {"blocks": 2, "inner": inner, "workers": "processes"}
     check_against_oracle(spec_kw, "parallel", options, x, y, sizes, snapshot_at)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=small_streams(), limit=st.integers(1, 30), data=st.data())
+def test_history_limit_matches_oracle_on_the_window(backend, stream, limit, data):
+    """With a history limit, each decision's witnesses (and quantitative ratio) are the
+    oracle's over exactly the decisions still held, named by stream position, across a
+    snapshot and restore."""
+    spec_kw, x, y, (sizes, snapshot_at) = stream
+    if backend == "bdd":
+        spec_kw = {k: v for k, v in spec_kw.items() if k not in LABEL_ONLY} | {"metric": "linf"}
+        y = y if y.ndim == 1 else y.argmax(axis=1)
+    options = data.draw(BACKEND_OPTIONS[backend])
+    spec = MonitorSpec(**spec_kw)
+    if "blocks" in options:
+        options = {**options, "blocks": min(options["blocks"], spec.view_dim)}
+    monitor = Monitor(spec, backend, history_limit=limit, **options)
+    got, ratios, pos = [], [], 0
+    for b, size in enumerate(sizes):
+        if b == snapshot_at:
+            monitor = Monitor.restore(monitor.snapshot())
+        w = monitor.check_batch(x[pos : pos + size], y[pos : pos + size])
+        assert w.first == pos
+        for i in range(size):
+            idx, d = w.of(i)
+            got.append(list(zip(idx.tolist(), d.tolist(), strict=True)))
+            assert monitor.ids(idx) == idx.tolist()  # default ids are stream positions
+        if spec.quantitative:
+            ratios += list(zip(w.ratio.tolist(), w.ratio_witness.tolist(), strict=True))
+        pos += size
+        assert monitor.size <= max(limit, size)
+    metric, out_metric = spec_kw.get("metric", "linf"), spec_kw.get("output_metric", "linf")
+    view = {"scale": spec_kw.get("scale"), "ignore": spec_kw.get("ignore", ())}
+    want, want_ratios = [], []
+    for n, lo in enumerate(window_starts(sizes, limit)):
+        xs, ys = x[lo : n + 1], y[lo : n + 1]
+        last = witness_sets(
+            xs, ys, spec_kw["eps"], metric, spec_kw.get("delta", 0.0), out_metric, **view
+        )[-1]
+        want.append([(j + lo, d) for j, d in last])
+        r, j = largest_ratios(xs, ys, spec_kw["eps"], metric, out_metric, **view)[-1]
+        want_ratios.append((r, j + lo if j >= 0 else -1))
+    assert got == want
+    if spec.quantitative:
+        assert ratios == want_ratios

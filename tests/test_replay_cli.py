@@ -14,7 +14,7 @@ import pytest
 from daemon.cli import DEMO_STREAM, main
 from tests.conftest import load_stream
 from tests.onnx_models import forward, mlp
-from tests.oracle import largest_ratios, witness_sets
+from tests.oracle import largest_ratios, window_starts, witness_sets
 
 DEMO = Path(str(files("daemon") / "demo" / DEMO_STREAM))
 
@@ -30,6 +30,27 @@ def replay_demo(*args: str) -> subprocess.CompletedProcess:
     return run_cli(
         "replay", str(DEMO), "--decision-column", "prediction", "--drop-columns", "label", *args
     )
+
+
+def test_history_limit_compares_each_decision_with_the_window_only(tmp_path):
+    alerts_path = tmp_path / "alerts.jsonl"
+    result = replay_demo(
+        "--eps", "0.04", "--batch-size", "333", "--history-limit", "1000",
+        "--alerts-out", str(alerts_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    x, y = load_stream(DEMO)
+    sizes = [333] * (len(x) // 333) + ([len(x) % 333] if len(x) % 333 else [])
+    expected = {}
+    for n, lo in enumerate(window_starts(sizes, 1000)):
+        d = np.abs(x[lo:n] - x[n]).max(axis=1, initial=0.0)
+        hits = np.flatnonzero((d <= 0.04) & (y[lo:n] != y[n]))
+        if hits.size:
+            expected[n] = [(int(j) + lo, float(d[j])) for j in hits]
+    alerts = [orjson.loads(line) for line in alerts_path.read_bytes().splitlines()]
+    got = {a["decision"]["id"]: [(w["id"], w["distance"]) for w in a["witnesses"]] for a in alerts}
+    assert got == expected
+    assert len(expected) < len([ws for ws in witness_sets(x, y, 0.04) if ws])
 
 
 def test_replay_alerts_equal_the_oracle_on_the_bundled_stream(tmp_path):

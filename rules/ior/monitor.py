@@ -32,7 +32,8 @@ class Monitor:
     """Exact witness sets for every decision against all earlier ones.
 
     ``check_batch`` treats its rows as the next decisions of the stream, in order: each is
-    compared with the whole history and with the rows before it in the same batch.
+    compared with the history and with the rows before it in the same batch. The history is
+    every earlier decision, or with ``history_limit`` a window of the most recent ones.
     """
 
     def __init__(
@@ -40,24 +41,35 @@ class Monitor:
         spec: MonitorSpec,
         backend: str = "auto",
         embedding: OnnxEmbedding | None = None,
+        history_limit: int | None = None,
         **options: Any,
     ) -> None:
         """With ``embedding``, decisions' inputs are mapped through it and ``spec`` (its
-        ``dim``, ``ignore``, ``scale``) describes the embedding space."""
+        ``dim``, ``ignore``, ``scale``) describes the embedding space.
+
+        ``history_limit`` bounds memory for long runs: when a batch would take the history
+        past it, the oldest decisions are dropped, as many as needed and a quarter of the
+        limit at least, so the index is rebuilt at most once every ``history_limit / 4``
+        decisions. A decision is then compared with the most recent decisions that remain
+        (about ``3/4 * history_limit`` less the batch before it)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+        if history_limit is not None and history_limit < 1:
+            raise ValueError(f"history_limit must be >= 1, got {history_limit}")
         if embedding is not None and embedding.dim not in (None, spec.dim):
             raise ValueError(
                 f"the embedding has {embedding.dim} dimensions, spec.dim is {spec.dim}"
             )
         self.spec = spec
         self.embedding = embedding
+        self.history_limit = history_limit
+        self.evicted = 0
         self.history = History(spec)
         self.backend: Backend = BACKENDS[backend](spec, self.history, **options)
 
     @property
     def size(self) -> int:
-        """Decisions seen so far."""
+        """Decisions in the history."""
         return self.history.size
 
     def check_batch(
@@ -71,9 +83,13 @@ class Monitor:
             x = self._embed(x)
         x, y = self._validate(x, y)
         if ids is None:
-            ids = range(self.size, self.size + len(x))
+            first = self.evicted + self.size
+            ids = range(first, first + len(x))
         elif len(ids) != len(x):
             raise ValueError(f"{len(ids)} ids for {len(x)} decisions")
+        limit = self.history_limit
+        if limit is not None and self.size + len(x) > limit:
+            self._evict(min(self.size, max(self.size + len(x) - limit, -(-limit // 4))))
         start, stop = self.history.append(self.spec.view(x), y, list(ids))
         if start == stop:  # nothing to index or search
             q = j = np.empty(0, dtype=np.int64)
@@ -82,23 +98,37 @@ class Monitor:
         spec = self.spec
         found = verify(self.history, q, j, 0.0 if spec.quantitative else spec.delta)
         witnesses = found.d_out > spec.delta
+        shift = self.evicted  # history positions -> stream positions
         result = Witnesses.from_pairs(
-            start,
+            start + shift,
             stop - start,
-            found.query[witnesses],
-            found.index[witnesses],
+            found.query[witnesses] + shift,
+            found.index[witnesses] + shift,
             found.d_in[witnesses],
         )
         if spec.quantitative:
-            result = result.with_ratios(*largest_ratios(start, stop - start, found))
+            ratios, best = largest_ratios(start, stop - start, found)
+            result = result.with_ratios(ratios, np.where(best >= 0, best + shift, -1))
         return result
 
-    def ids(self, positions: np.ndarray) -> list:
-        """External ids of stream positions."""
-        return [self.history.ids[p] for p in positions]
+    def _evict(self, count: int) -> None:
+        """Drop the ``count`` oldest decisions and index the rest afresh."""
+        old = self.history
+        self.history = History(self.spec, capacity=max(1024, old.size - count))
+        self.history.append(old.x[count:], old.y[count:], old.ids[count:])
+        self.backend = BACKENDS[self.backend.name](
+            self.spec, self.history, **self.backend.options()
+        )
+        self.backend.rebuild()
+        self.evicted += count
 
-    def outputs(self, positions: np.ndarray) -> np.ndarray:
-        return self.history.y[positions]
+    def ids(self, positions: Sequence[int] | np.ndarray) -> list:
+        """External ids of stream positions still in the history."""
+        return [self.history.ids[p - self.evicted] for p in positions]
+
+    def outputs(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Outputs of stream positions still in the history."""
+        return self.history.y[np.asarray(positions, dtype=np.int64) - self.evicted]
 
     def _embed(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
@@ -150,6 +180,8 @@ class Monitor:
             "backend": self.backend.name,
             "options": self.backend.options(),
             "size": h.size,
+            "history_limit": self.history_limit,
+            "evicted": self.evicted,
         }
         buf = io.BytesIO()
         np.savez(
@@ -181,10 +213,15 @@ class Monitor:
             raise ValueError(f"corrupt i.o.r. monitor snapshot: {e}") from None
         embedding = OnnxEmbedding(model) if model else None
         monitor = cls(
-            MonitorSpec.from_dict(header["spec"]), header["backend"], embedding, **header["options"]
+            MonitorSpec.from_dict(header["spec"]),
+            header["backend"],
+            embedding,
+            header.get("history_limit"),
+            **header["options"],
         )
         if len(x) != header["size"] or len(ids) != header["size"]:
             raise ValueError("snapshot is truncated: sizes disagree")
+        monitor.evicted = header.get("evicted", 0)
         monitor.history.append(x, y, ids)
         monitor.backend.rebuild()
         return monitor
