@@ -129,29 +129,35 @@ def test_snapshot_store_skips_corrupt_files(tmp_path):
     ]
 
 
-def _pipeline(values, store, sink=None, every=50):
+def _decisions(x: np.ndarray, y: np.ndarray) -> list[bytes]:
+    return [
+        orjson.dumps({"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])})
+        for i in range(len(x))
+    ]
+
+
+def _pipeline(values, store, sink=None, every=50, **options):
+    """An ior rule (eps 0.25, ``options`` added) over a memory source in batches of 37."""
     rule = IorRule(
         parse_config(
             {
                 "files": {"decisions": "unused", "topic": "t"},
                 "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
-                "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.25}],
+                "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.25, **options}],
             }
         ).rules[0]
     )
     source = MemorySource("t", values)
     settings = PipelineSettings("alerts", "dead", max_batch=37, snapshot_every_events=every)
-    return Pipeline([rule], source, sink or MemorySink(), store, Metrics(), settings), source
+    pipeline = Pipeline([rule], source, sink or MemorySink(), store, Metrics(), settings)
+    return pipeline, source, rule
 
 
 def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_path):
     rng = np.random.default_rng(2)
     x = rng.integers(0, 8, size=(400, 3)) / 8
     y = rng.integers(0, 2, size=400)
-    values = [
-        orjson.dumps({"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])})
-        for i in range(400)
-    ]
+    values = _decisions(x, y)
     values[123] = b"garbage"
     keep = [i for i in range(400) if i != 123]
     truth = witness_sets(x[keep], y[keep], 0.25)
@@ -159,7 +165,7 @@ def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_pat
     store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
 
     async def run(limit: int, source_commits):
-        pipeline, source = _pipeline(values[:limit], store, sink)
+        pipeline, source, _ = _pipeline(values[:limit], store, sink)
         source.commits = source_commits
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.run(asyncio.Event(), until_idle=True)
@@ -255,20 +261,10 @@ def test_history_limit_bounds_each_partitions_history(tmp_path):
     rng = np.random.default_rng(5)
     x = rng.integers(0, 4, size=(400, 2)) / 4
     y = rng.integers(0, 2, size=400)
-    values = [
-        orjson.dumps({"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])})
-        for i in range(400)
-    ]
-    config = parse_config(
-        {
-            "files": {"decisions": "unused", "topic": "t"},
-            "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
-            "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.25, "history_limit": 60}],
-        }
+    sink = MemorySink()
+    pipeline, source, rule = _pipeline(
+        _decisions(x, y), SnapshotStore(tmp_path), sink, history_limit=60
     )
-    rule, source, sink = IorRule(config.rules[0]), MemorySource("t", values), MemorySink()
-    settings = PipelineSettings("alerts", "dead", max_batch=37)
-    pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), Metrics(), settings)
 
     async def run():
         await source.start(pipeline.on_assign, pipeline.on_revoke)
