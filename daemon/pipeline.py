@@ -63,6 +63,7 @@ class Pipeline:
         self._snapshot_at: dict[TopicPartition, float] = {}
         self._pending_writes: set[asyncio.Task] = set()
         self._committed: dict[TopicPartition, int] = {}
+        self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
 
     def _rules_for(self, topic: str) -> list[Rule]:
         return [r for r in self.rules if topic in r.topics]
@@ -105,6 +106,7 @@ class Pipeline:
         self._committed[tp] = committed or 0
         self._next[tp] = start
         self._snapshot_at[tp] = time.monotonic()
+        self._assignments[tp] += 1
         await self.source.seek(tp, start)
         log.info(
             "partition_assigned",
@@ -147,11 +149,12 @@ class Pipeline:
                 await self._wait_for_space()
                 await self.deliver_completed()
                 continue
+            fetched_at = dict(self._assignments)
             records = await self.source.fetch(
                 self.settings.max_batch, self.settings.fetch_timeout_ms
             )
             if records:
-                await self.process(records)
+                await self.process(records, fetched_at)
             elif not any(r.in_flight() for r in self.rules):
                 if until_idle:
                     break
@@ -199,7 +202,13 @@ class Pipeline:
                 out[tp] = position
         return out
 
-    async def process(self, records: list[Record]) -> None:
+    async def process(
+        self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
+    ) -> None:
+        """Check, emit and commit one fetched batch. ``fetched_at`` (the assignment count of
+        each partition when the fetch began) marks partitions (re)assigned meanwhile: their
+        records may predate the assignment's seek, so they are dropped and the partition is
+        sought back to where processing stands, to be read again in order."""
         started = time.perf_counter()
         async with self._lock:
             messages: list[OutMessage] = []
@@ -210,6 +219,10 @@ class Pipeline:
             for tp, recs in by_tp.items():
                 if tp not in self._emit_from:
                     continue  # revoked while the batch was in flight
+                if fetched_at is not None and fetched_at.get(tp) != self._assignments[tp]:
+                    log.info("stale_batch_dropped", topic=tp[0], partition=tp[1], records=len(recs))
+                    await self.source.seek(tp, self._next[tp])
+                    continue
                 # fetched before the assignment's seek and fetched again after it
                 recs = [r for r in recs if r.offset >= self._next[tp]]
                 if not recs:
