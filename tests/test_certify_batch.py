@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -265,3 +266,27 @@ def test_batch_over_budget_falls_back_to_single_balls():
     assert [verifier.outcomes[i].robust for i in range(len(boxes))] == [
         oracle_robust(net, b, label) for b in boxes
     ]
+
+
+def test_thompson_sizer_learns_about_every_arm_it_plays():
+    """The arm that chose is credited, even when the tree had fewer balls left than it
+    asked for: no arm stays untried (and first in line) forever."""
+    sizer = ThompsonSizer(16, bucket=4, seed=0)
+    picks = []
+    for _ in range(12):
+        picks.append(sizer.choose())
+        sizer.update(picks[-1], 1.0)  # only 9 balls were left each time
+    assert all(sizer.rewards) and picks[:4] == [16, 12, 8, 4]
+
+
+def test_time_breakdown_sums_to_the_wall_time():
+    net = tiny_network(3, sizes=(2, 6, 6, 6, 3))
+    x = np.random.default_rng(2).uniform(-1, 1, size=(24, 2))
+    label = int(np.bincount(np.argmax(net.logits(x), axis=1)).argmax())
+    boxes = [ball_box(c, 0.05, None) for c in x[np.argmax(net.logits(x), axis=1) == label]]
+    stats = Stats()
+    start = time.perf_counter()
+    BatchVerifier(net, boxes, label, None, 60.0, stats).verify(4, "thompson", 0)
+    wall = time.perf_counter() - start
+    assert len(stats.split_layers) == 1 and stats.split_layers[0] in (1, 2, 3)
+    assert sum(stats.as_dict()["time"].values()) <= wall + 1e-3

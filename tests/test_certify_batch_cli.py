@@ -128,6 +128,7 @@ def test_job_result_validates_against_schema(digits_model):
         ("clip", [1, 0], "clip"),
         ("max_batch", 0, "max_batch"),
         ("inputs", [[0.0, 2.0]], "features"),
+        ("labels", [[3, 1], [3]], "labels"),
     ],
 )
 def test_job_names_the_bad_field(digits_model, field, value, message):
@@ -143,3 +144,43 @@ def test_job_names_the_bad_field(digits_model, field, value, message):
         request["labels"] = [3]
     with pytest.raises(ValueError, match=message):
         run_job(request)
+
+
+def test_job_refuses_a_single_output_model(digits_model):
+    _, _, x, _ = digits_model
+    rng = np.random.default_rng(0)
+    net = Network.from_arrays(
+        [(rng.normal(size=(4, 64)), np.zeros(4)), (rng.normal(size=(1, 4)), np.zeros(1))]
+    )
+    request = {
+        "onnx": base64.b64encode(net.to_onnx()).decode(),
+        "inputs": x[:2].tolist(),
+        "labels": [0, 0],
+        "eps": 10.0,
+    }
+    with pytest.raises(ValueError, match="two or more outputs"):
+        run_job(request)
+
+
+def test_a_huge_max_batch_is_capped_by_the_inputs(digits_model):
+    _, onnx, x, labels = digits_model
+    request = {
+        "onnx": base64.b64encode(onnx).decode(),
+        "inputs": x.tolist(),
+        "labels": labels.tolist(),
+        "eps": 0.01,
+        "max_batch": 10**9,
+    }
+    assert len(run_job(request)["verdicts"]) == len(x)
+
+
+def test_cli_names_a_scalar_inputs_file(digits_model, capsys, tmp_path):
+    d, *_ = digits_model
+    np.save(tmp_path / "X.npy", np.float64(1.0))
+    code = main(
+        [
+            "verify", "batch", "--model", str(d / "m.onnx"), "--inputs", str(tmp_path / "X.npy"),
+            "--labels", str(d / "y.npy"), "--eps", "0.05", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 2 and "--inputs" in capsys.readouterr().err

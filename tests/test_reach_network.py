@@ -159,3 +159,11 @@ def test_verify_reach_cli_names_bad_input(tmp_path, capsys):
     (tmp_path / "lower.npy").write_text("not an array")
     assert main(argv) == 2
     assert "--lower" in capsys.readouterr().err
+
+
+def test_bytes_that_are_not_onnx_are_named(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08garbage")
+    for source in (path, path.read_bytes()):
+        with pytest.raises(UnsupportedModel, match="not an ONNX model"):
+            load_checked(source)

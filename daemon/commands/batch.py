@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"model {args.model}: no such file")
     inputs = load_npy(args.inputs, "--inputs")
     labels = load_npy(args.labels, "--labels")
+    if inputs.ndim < 2:
+        raise ValueError(f"--inputs: expected an (n, d) array, got shape {inputs.shape}")
     bar = tqdm(total=len(inputs), unit="input", disable=args.no_progress, file=sys.stderr)
     try:
         report = verify_inputs(

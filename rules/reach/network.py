@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 OUTPUT_ACTIVATIONS = ("none", "sigmoid", "softmax")
@@ -61,11 +62,14 @@ class Network:
     @classmethod
     def from_onnx(cls, source: bytes | str | Path) -> Network:
         """Load Gemm / MatMul+Add / Relu / Flatten / Identity chains; name anything else."""
-        model = (
-            onnx.load_model_from_string(source)
-            if isinstance(source, bytes)
-            else onnx.load(str(source))
-        )
+        try:
+            model = (
+                onnx.load_model_from_string(source)
+                if isinstance(source, bytes)
+                else onnx.load(str(source))
+            )
+        except DecodeError as e:
+            raise UnsupportedModel(f"not an ONNX model: the protobuf does not parse ({e})") from e
         return _parse(model.graph)
 
     @property

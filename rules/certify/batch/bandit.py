@@ -8,10 +8,10 @@ import numpy as np
 class ThompsonSizer:
     """Gaussian mean-variance Thompson sampling; one arm per bucket of batch sizes.
 
-    An arm plays the largest size of its bucket and learns from any batch whose actual size
-    falls in the bucket. Rewards are velocities (balls proven per second), scaled by the
-    largest velocity seen so the risk weight ``rho`` is unit-free. Unplayed arms go first,
-    largest first, as the paper starts from large batches.
+    An arm plays the largest size of its bucket and is credited with the batch it chose, even
+    when fewer balls were left to take. Rewards are velocities (balls proven per second),
+    scaled by the largest velocity seen so the risk weight ``rho`` is unit-free. Unplayed arms
+    go first, largest first, as the paper starts from large batches.
     """
 
     def __init__(self, max_batch: int, bucket: int = 4, rho: float = 0.1, seed: int = 0) -> None:
@@ -47,8 +47,9 @@ class ThompsonSizer:
                 best, best_score = i, score
         return self.arms[best]
 
-    def update(self, size: int, velocity: float) -> None:
-        self.rewards[self._arm_of(size)].append(float(velocity))
+    def update(self, chosen: int, velocity: float) -> None:
+        """Reward the arm that ``choose`` returned ``chosen`` for."""
+        self.rewards[self._arm_of(chosen)].append(float(velocity))
 
 
 class RandomSizer:
@@ -63,5 +64,5 @@ class RandomSizer:
     def choose(self) -> int:
         return int(self.rng.integers(1, self.max_batch + 1))
 
-    def update(self, size: int, velocity: float) -> None:
+    def update(self, chosen: int, velocity: float) -> None:
         """Random sizes ignore rewards."""

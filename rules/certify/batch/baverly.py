@@ -119,8 +119,7 @@ class BatchVerifier:
                 self.label,
                 known=prefix[i],
                 time_limit=self.time_limit,
-                check=self.check,
-            )
+            )  # no attack: verify() already ran it on every ball
             refine_time += time.perf_counter() - r0
             self.single_times.append(time.perf_counter() - r0)
             self.stats.refinements += 1
@@ -176,6 +175,10 @@ class BatchVerifier:
         self.stats.batch_sizes.append(len(ids))
         return len(members), (bounded - start) + elapsed
 
+    def _analysed(self) -> float:
+        s = self.stats
+        return s.bounds + s.batch + s.refine
+
     def choose_split(self, pending: list[int], rng: np.random.Generator) -> int:
         """Time one random ball per candidate split layer; keep the fastest (Algorithm 4)."""
         hidden = hidden_layers(self.network)
@@ -189,7 +192,6 @@ class BatchVerifier:
             t0 = time.perf_counter()
             self.run_batch([i], k)
             times[k] = time.perf_counter() - t0
-            self.single_times.append(times[k])
         return min(times, key=times.__getitem__) if times else hidden
 
     def verify(self, max_batch: int, sizer: str, seed: int) -> dict[int, Outcome]:
@@ -207,19 +209,16 @@ class BatchVerifier:
         if not hidden_layers(self.network):  # a linear classifier: nothing to batch
             for i in pending:
                 outcome = verify_ball(
-                    self.network,
-                    self.boxes[i],
-                    self.label,
-                    time_limit=self.time_limit,
-                    check=self.check,
+                    self.network, self.boxes[i], self.label, time_limit=self.time_limit
                 )
                 self._decide(i, outcome)
             return self.outcomes
         rng = np.random.default_rng(seed)
+        analysed = self._analysed()
         split = self.choose_split(pending, rng)
         self.stats.split_layers.append(split)
         t2 = time.perf_counter()
-        self.stats.split += t2 - t1
+        self.stats.split += (t2 - t1) - (self._analysed() - analysed)  # probes count as work
         if not pending:
             return self.outcomes
         centres = np.stack([(self.boxes[i].lower + self.boxes[i].upper) / 2.0 for i in pending])
@@ -231,9 +230,9 @@ class BatchVerifier:
             else RandomSizer(max_batch, seed=seed)
         )
         while tree.remaining():
-            ids = tree.take(chooser.choose())
-            proven, seconds = self.run_batch(ids, split)
-            chooser.update(len(ids), proven / max(seconds, 1e-9))
+            chosen = chooser.choose()
+            proven, seconds = self.run_batch(tree.take(chosen), split)
+            chooser.update(chosen, proven / max(seconds, 1e-9))
         return self.outcomes
 
 

@@ -21,7 +21,7 @@ import base64
 import binascii
 import math
 
-from rules.certify.batch.runner import InvalidBatchInput, verify_inputs
+from rules.certify.batch.runner import InvalidBatchInput, InvalidModel, verify_inputs
 
 
 def _number(request: dict, key: str) -> float:
@@ -64,8 +64,6 @@ def run_job(request: dict) -> dict:
             max_batch=max_batch,
             method=method,
         )
-    except InvalidBatchInput:
-        raise
-    except ValueError as e:  # the model itself (unsupported graph, unreadable bytes)
+    except InvalidModel as e:
         raise InvalidBatchInput(f"field 'onnx': {e}") from None
     return {"verdicts": report.verdicts, "summary": report.summary}

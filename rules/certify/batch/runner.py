@@ -27,6 +27,10 @@ class InvalidBatchInput(ValueError):
     """The inputs, labels or options of a batch verification are malformed."""
 
 
+class InvalidModel(InvalidBatchInput):
+    """The model cannot be verified here (unreadable, unsupported, or not a classifier)."""
+
+
 @dataclass(frozen=True)
 class Report:
     """One verdict dict per input (in input order) and the run's summary."""
@@ -111,13 +115,16 @@ def verify_inputs(
         raise InvalidBatchInput(f"inputs are not numeric: {e}") from None
     try:
         network, runner = load_checked(model)
-    except InvalidBatchInput:
-        raise
     except Exception as e:  # unparsable bytes, unsupported operators, numpy/onnx disagreement
-        raise InvalidBatchInput(f"model: {e}") from None
+        raise InvalidModel(f"cannot use the model: {e}") from None
+    if network.output_dim < 2:
+        raise InvalidModel(
+            f"the model has {network.output_dim} output; robustness is checked as 'the label's score "
+            "stays the largest', which needs one score per class (two or more outputs)"
+        )
     try:
         y = _labels(labels, network.output_dim)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise InvalidBatchInput(f"labels are not numeric: {e}") from None
     _validate(x, y, eps, clip, max_batch, method, sizer)
     if x.shape[1] != network.input_dim:
@@ -139,7 +146,7 @@ def verify_inputs(
         else:
             outcomes = BatchVerifier(
                 network, boxes, int(label), check, time_limit, stats, progress
-            ).verify(max_batch, sizer, seed)
+            ).verify(min(max_batch, len(boxes)), sizer, seed)
         for local, outcome in outcomes.items():
             i = int(members[local])
             if outcome.robust:
