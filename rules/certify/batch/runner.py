@@ -119,8 +119,9 @@ def verify_inputs(
         raise InvalidModel(f"cannot use the model: {e}") from None
     if network.output_dim < 2:
         raise InvalidModel(
-            f"the model has {network.output_dim} output; robustness is checked as 'the label's score "
-            "stays the largest', which needs one score per class (two or more outputs)"
+            f"the model has {network.output_dim} output; robustness is checked as 'the "
+            "label's score stays the largest', which needs one score per class (two or more "
+            "outputs)"
         )
     try:
         y = _labels(labels, network.output_dim)
