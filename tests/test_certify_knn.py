@@ -19,6 +19,7 @@ from rules.certify.knn import (
     KnnModel,
     Table,
     default_candidates,
+    read_csv,
 )
 from rules.certify.knn.enumeration import count_flip_sets, flip_sets
 from rules.certify.knn.knn import nearest
@@ -153,7 +154,7 @@ def test_may_and_must_err_against_flip_enumeration(counts, n, data):
     c = np.array([counts])
     yy = np.array([y])
     may = bool(may_err(c, yy, n)[0])
-    must = bool(must_err(c, yy, n)[0][0])
+    must = bool(must_err(c, yy, n)[0])
     # sound for any vote tie rule: an error with the smallest-code rule is a possible error ...
     if any(int(np.argmax(r)) != y for r in reach):
         assert may
@@ -303,3 +304,47 @@ def test_kset_accounts_for_flipping_the_held_out_samples_own_label():
     assert 9 in learning.kset.tolist()
     own = 1 / (2 * 11)  # n / (p * smallest fold)
     assert learning.lower[1] + own > (learning.upper - own).min()  # uncorrected bounds miss it
+
+
+def test_duplicate_column_names_are_rejected(tmp_path):
+    with pytest.raises(KnnInputError, match="duplicate column name 'a'"):
+        Table(["a", "s", "a"], [[1, "f", 2]])
+    path = tmp_path / "dup.csv"
+    path.write_text("a,s,a,y\n1,f,2,0\n3,m,4,1\n")
+    with pytest.raises(KnnInputError, match=r"dup\.csv header: duplicate column name 'a'"):
+        read_csv(path)
+
+
+def test_non_finite_and_non_numeric_cells_name_their_column():
+    rows = [[float(i), i % 2, "fm"[i % 2]] for i in range(6)]
+    table = Table(["a", "b", "s"], rows)
+    labels = np.array([0, 1, 0, 1, 0, 1])
+    for bad in ("nan", "inf", float("-inf")):
+        broken = Table(table.columns, [[bad, 0, "f"], *rows[1:]])
+        with pytest.raises(KnnInputError, match=r"column 'a'.*not finite"):
+            FairKnnCertifier.from_table(broken, labels, ["s"], 0, ks=[1], folds=2)
+    cert = FairKnnCertifier.from_table(table, labels, ["s"], 0, ks=[1], folds=2)
+    with pytest.raises(KnnInputError, match=r"column 'a'.*not finite"):
+        cert.encoder.transform(Table(table.columns, [["nan", 0, "f"]]))
+    # 'b' is a binary column with numeric levels: its cells are parsed as numbers too
+    with pytest.raises(KnnInputError, match=r"column 'b'.*'inf' is not finite"):
+        cert.encoder.transform(Table(table.columns, [[1.0, "inf", "f"]]))
+    with pytest.raises(KnnInputError, match=r"column 'b'.*non-numeric value 'x'"):
+        cert.encoder.transform(Table(table.columns, [[1.0, "x", "f"]]))
+
+
+def test_folds_below_two_are_named():
+    table = Table(["a", "s"], [[i, "fm"[i % 2]] for i in range(6)])
+    labels = np.array([0, 1, 0, 1, 0, 1])
+    for folds in (0, 1, True, 2.0):
+        with pytest.raises(KnnInputError, match=f"folds must be an integer >= 2, got {folds!r}"):
+            FairKnnCertifier.from_table(table, labels, ["s"], 0, folds=folds)
+
+
+def test_k_candidates_must_be_positive_integers():
+    x = np.arange(6, dtype=np.float64)[:, None]
+    y = np.array([0, 1, 0, 1, 0, 1])
+    for ks in ([3.7], ["3"], [True], [0], [float("nan")], []):
+        with pytest.raises(KnnInputError, match="k candidates must be positive integers"):
+            KnnModel.fit(x, y, ks, 2)
+    assert KnnModel.fit(x, y, [3.0, np.int64(1)], 2).ks.tolist() == [1, 3]

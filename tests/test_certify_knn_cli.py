@@ -128,6 +128,14 @@ def test_run_job_runs_in_a_worker_process():
         ({"inputs": [[1.0, 2]]}, "inputs"),
         ({"train": {"x": [[1, 2]], "y": [0, 1]}}, "train.y"),
         ({"metric": "cosine"}, "metric"),
+        ({"train": {"x": [[1, 2]], "y": [0], "columns": 5}}, "'train.columns' must be a list"),
+        ({"train": {"x": [[1, 2]], "y": [0], "columns": ["a", "a"]}}, "duplicate column name 'a'"),
+        ({"k": [3.7]}, "k candidates must be positive integers"),
+        ({"k": ["x"]}, "k candidates must be positive integers"),
+        ({"k": [True]}, "k candidates must be positive integers"),
+        ({"folds": 0}, "folds must be an integer >= 2"),
+        ({"folds": 1}, "folds must be an integer >= 2"),
+        ({"inputs": [["nan", 30, "F", "north"]]}, "column 'income'.*not finite"),
     ],
 )
 def test_bad_request_fields_are_named(change, field):
@@ -201,3 +209,34 @@ def test_eps_list_must_match_the_feature_columns():
     # a larger box never certifies more
     for a, b, c in zip(wide["results"], per_column["results"], narrow["results"], strict=True):
         assert a["certified"] <= b["certified"] <= c["certified"]
+
+
+def _cli_files(tmp_path: Path, size: int) -> tuple[Path, list[str]]:
+    rows, labels = _data(size, 4)
+    train = tmp_path / "train.csv"
+    _write_csv(
+        train,
+        ["income", "age", "sex", "region", "y"],
+        [[*r, y] for r, y in zip(rows, labels, strict=True)],
+    )
+    out = tmp_path / "o.jsonl"
+    base = ["certify", "knn", "--train", str(train), "--target", "y", "--protected", "sex",
+            "--inputs", str(train), "--out", str(out), "--no-progress"]  # fmt: skip
+    return train, base
+
+
+def test_cli_reports_bad_folds(tmp_path, capsys):
+    _, base = _cli_files(tmp_path, 20)
+    for folds in ("0", "1"):
+        assert main([*base, "--flips", "0", "--folds", folds]) == 2
+        assert f"folds must be an integer >= 2, got {folds}" in capsys.readouterr().err
+
+
+def test_cli_check_enumerates_only_for_the_label_and_individual_variants(tmp_path, capsys):
+    # 60 rows and 4 flips: over 500,000 flipped training sets, beyond the enumeration limit
+    _, base = _cli_files(tmp_path, 60)
+    argv = [*base, "--flips", "4", "--k", "9,11", "--check"]
+    assert main([*argv, "--variant", "epsilon"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--variant", "label"]) == 2
+    assert "enumeration needs" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from rules.certify.knn.table import target_column
 GROUP = "certify"
 PROGRESS_STEP = 16
 """Inputs certified between progress bar updates."""
+ENUMERATED = ("label", "individual")
+"""Variants that --check compares against enumerating every flipped training set."""
 
 
 def _names(text: str) -> list[str]:
@@ -109,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         ",".join(f"{p}={inputs.rows[i][inputs.index(p)]}" for p in args.protected)
         for i in range(len(x))
     ]
-    enumerator = Enumerator(cert.model, cert.flips) if args.check else None
+    enumerated = args.check and any(v in ENUMERATED for v in args.variant)
+    enumerator = Enumerator(cert.model, cert.flips) if enumerated else None
     lines: list[dict] = [
         {
             "index": i,
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for variant in args.variant:
         truth = None
-        if enumerator is not None and variant != "epsilon":
+        if enumerator is not None and variant in ENUMERATED:
             truth = cert.ground_truth(x, variant, enumerator)
         certs = []
         for start in range(0, len(x), PROGRESS_STEP):

@@ -68,6 +68,8 @@ class FairKnnCertifier:
     ) -> None:
         if isinstance(flips, bool) or not isinstance(flips, int | np.integer) or flips < 0:
             raise KnnInputError(f"flips must be an integer >= 0, got {flips!r}")
+        if isinstance(folds, bool) or not isinstance(folds, int | np.integer) or folds < 2:
+            raise KnnInputError(f"folds must be an integer >= 2, got {folds!r}")
         self.encoder = encoder
         self.flips = int(flips)
         self.power = metric_power(metric)

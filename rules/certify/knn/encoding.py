@@ -8,6 +8,7 @@ a two-valued column is one 0/1 column; a categorical one is one-hot (0/1 each).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -41,7 +42,7 @@ class ColumnCode:
         index = {v: i for i, v in enumerate(self.levels)}
         codes = np.empty(len(values), dtype=np.int64)
         for r, v in enumerate(values):
-            key = _key(v, numeric)
+            key = _key(v, numeric, self.name)
             if key not in index:
                 raise KnnInputError(
                     f"column {self.name!r}: value {v!r} not seen in the training data "
@@ -53,15 +54,26 @@ class ColumnCode:
         return np.eye(len(self.levels))[codes]
 
 
-def _key(v: object, numeric: bool) -> object:
-    return float(v) if numeric else str(v)  # type: ignore[arg-type]
+def _float(v: object, name: str) -> float:
+    """One cell of a numeric column; KnnInputError names the column of a non-numeric or
+    non-finite value (nan/inf would break the neighbour ordering)."""
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise KnnInputError(
+            f"column {name!r}: non-numeric value {v!r} in a numeric column"
+        ) from None
+    if not math.isfinite(x):
+        raise KnnInputError(f"column {name!r}: value {v!r} is not finite")
+    return x
+
+
+def _key(v: object, numeric: bool, name: str) -> object:
+    return _float(v, name) if numeric else str(v)
 
 
 def _floats(values: Sequence[object], name: str) -> np.ndarray:
-    try:
-        return np.array([float(v) for v in values], dtype=np.float64)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise KnnInputError(f"column {name!r}: non-numeric value in a numeric column") from None
+    return np.array([_float(v, name) for v in values], dtype=np.float64)
 
 
 def _is_numeric(values: Sequence[object]) -> bool:
@@ -104,7 +116,7 @@ class Encoder:
             values = [r[j] for r in table.rows]
             is_prot = name in protected
             numeric = _is_numeric(values)
-            distinct = sorted({_key(v, numeric) for v in values})  # type: ignore[type-var]
+            distinct = sorted({_key(v, numeric, name) for v in values})  # type: ignore[type-var]
             if numeric and len(distinct) > 2 and name not in categorical:
                 x = _floats(values, name)
                 if scaling == "standard":

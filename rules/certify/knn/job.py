@@ -39,7 +39,7 @@ import orjson
 
 from rules.certify.knn.certifier import DEFAULT_FOLDS, VARIANTS, FairKnnCertifier
 from rules.certify.knn.errors import KnnInputError
-from rules.certify.knn.table import Table, read_csv, split_target
+from rules.certify.knn.table import Table, check_unique, read_csv, split_target
 
 CACHE_SIZE = 8
 """Trained certifiers kept per worker process."""
@@ -87,9 +87,14 @@ def _training(request: dict) -> tuple[Table, np.ndarray, bytes]:
         width = len(x[0])
         if any(len(r) != width for r in x):
             raise KnnInputError("request field 'train.x': rows differ in length")
-        columns = train.get("columns") or [f"c{j}" for j in range(width)]
+        columns = train.get("columns")
+        if columns is None:
+            columns = [f"c{j}" for j in range(width)]
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            raise KnnInputError("request field 'train.columns' must be a list of strings")
         if len(columns) != width:
             raise KnnInputError(f"request field 'train.columns' must name {width} columns")
+        check_unique(columns, "request field 'train.columns'")
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in y):
             labels = np.asarray(y)
         else:

@@ -13,6 +13,7 @@ oracle and the concrete model all see the same neighbours:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,14 +121,30 @@ def fold_error_rates(wrong: np.ndarray, fold: np.ndarray, p: int) -> np.ndarray:
     return (per_fold / sizes[:, None]).mean(0)
 
 
-def learn_k(
-    cv_nbrs: np.ndarray, y: np.ndarray, ks: np.ndarray, p: int, q: int
-) -> tuple[int, np.ndarray]:
-    """KNN_learn: the candidate k with the least cross-validation error, and all the errors."""
+def learn_k(cv_nbrs: np.ndarray, y: np.ndarray, ks: np.ndarray, p: int, q: int) -> int:
+    """KNN_learn: the candidate k with the least cross-validation error."""
     counts = label_counts(y[cv_nbrs], ks, q)
     wrong = vote(counts) != y[:, None]
     err = fold_error_rates(wrong, fold_ids(len(y), p), p)
-    return int(ks[int(np.argmin(err))]), err
+    return int(ks[int(np.argmin(err))])
+
+
+def candidate_ks(ks: Sequence[object]) -> np.ndarray:
+    """The distinct candidate ks, sorted; KnnInputError unless there is at least one and each
+    is a positive integer (an integral float such as 3.0 counts; 3.7, "3" and True do not)."""
+    out = []
+    for k in ks:
+        if (
+            isinstance(k, bool)
+            or not isinstance(k, int | float | np.integer | np.floating)
+            or not float(k).is_integer()
+            or k < 1
+        ):
+            raise KnnInputError(f"k candidates must be positive integers, got {list(ks)!r}")
+        out.append(int(k))
+    if not out:
+        raise KnnInputError("k candidates must be positive integers, got none")
+    return np.unique(np.array(out, dtype=np.int64))
 
 
 @dataclass
@@ -142,23 +159,25 @@ class KnnModel:
     metric: str
     cv_nbrs: np.ndarray
     k: int
-    cv_error: np.ndarray
 
     @classmethod
     def fit(
-        cls, x: np.ndarray, labels: np.ndarray, ks: list[int], p: int = 5, metric: str = "euclidean"
+        cls,
+        x: np.ndarray,
+        labels: np.ndarray,
+        ks: Sequence[int],
+        p: int = 5,
+        metric: str = "euclidean",
     ) -> KnnModel:
         """Code the labels, find cross-validation neighbours once and learn K."""
         metric_power(metric)
         if len(x) != len(labels):
             raise KnnInputError(f"{len(x)} training rows but {len(labels)} labels")
-        ks_arr = np.unique(np.asarray(ks, dtype=np.int64))
-        if len(ks_arr) == 0 or ks_arr[0] < 1:
-            raise KnnInputError(f"k candidates must be positive integers, got {ks}")
+        ks_arr = candidate_ks(ks)
         classes, y = np.unique(labels, return_inverse=True)
         cv = cv_neighbours(x, p, int(ks_arr[-1]), metric)
-        k, err = learn_k(cv, y, ks_arr, p, len(classes))
-        return cls(x, y, classes, ks_arr, p, metric, cv, k, err)
+        k = learn_k(cv, y, ks_arr, p, len(classes))
+        return cls(x, y, classes, ks_arr, p, metric, cv, k)
 
     @property
     def q(self) -> int:

@@ -57,11 +57,11 @@ def _lp_feasible(counts: np.ndarray, y: int, n: int) -> bool:
     return h.getModelStatus() == highspy.HighsModelStatus.kOptimal
 
 
-def must_err(counts: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+def must_err(counts: np.ndarray, y: np.ndarray, n: int) -> np.ndarray:
     """Algorithm 5: must err iff no <= n flips let y reach every other label's count. The two
     necessary conditions (sum over labels, and the strongest rival within 2n) reject most
     samples; for two labels the second is exact, so HiGHS runs only for three or more labels,
-    once per distinct (counts, y). Returns the flags and the number of LPs solved."""
+    once per distinct (counts, y)."""
     q = counts.shape[-1]
     own, rival = _own_and_rival(counts, y)
     rest = counts.sum(axis=-1) - own
@@ -69,7 +69,7 @@ def must_err(counts: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, int
     cond_rival = rival - own <= 2 * n
     possible = cond_sum & cond_rival
     if q == 2 or not possible.any():
-        return ~possible, 0
+        return ~possible
     flat_counts = counts.reshape(-1, q)
     flat_y = y.reshape(-1)
     cand = np.flatnonzero(possible.reshape(-1))
@@ -78,7 +78,7 @@ def must_err(counts: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, int
     feasible = np.array([_lp_feasible(u[:q], int(u[q]), n) for u in uniq])
     flat = ~possible.reshape(-1)
     flat[cand] = ~feasible[inverse.reshape(-1)]
-    return flat.reshape(possible.shape), len(uniq)
+    return flat.reshape(possible.shape)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,6 @@ class AbstractLearning:
     lower: np.ndarray
     upper: np.ndarray
     kset: np.ndarray
-    lp_solves: int
 
 
 def abstract_learn(model: KnnModel, n: int) -> AbstractLearning:
@@ -98,9 +97,9 @@ def abstract_learn(model: KnnModel, n: int) -> AbstractLearning:
     y = np.broadcast_to(model.y[:, None], counts.shape[:-1])
     fold = fold_ids(len(model.y), model.p)
     may = may_err(counts, y, n)
-    must, lps = must_err(counts, y, n)
+    must = must_err(counts, y, n)
     own_flips = n / (model.p * np.bincount(fold, minlength=model.p).min())
     upper = fold_error_rates(may, fold, model.p) + own_flips
     lower = fold_error_rates(must, fold, model.p) - own_flips
     kset = model.ks[lower <= upper.min() + 1e-12]
-    return AbstractLearning(model.ks, lower, upper, kset, lps)
+    return AbstractLearning(model.ks, lower, upper, kset)

@@ -22,6 +22,9 @@ class Table:
     columns: list[str]
     rows: list[list[object]]
 
+    def __post_init__(self) -> None:
+        check_unique(self.columns, "columns")
+
     def column(self, name: str) -> list[object]:
         """All values of one column."""
         j = self.index(name)
@@ -49,6 +52,16 @@ class Table:
         return Table(list(self.columns), [self.rows[i] for i in idx])
 
 
+def check_unique(columns: Sequence[str], where: str) -> None:
+    """KnnInputError naming a duplicated column name: lookups by name would only ever see its
+    first occurrence, silently misreading the others."""
+    seen: set[str] = set()
+    for name in columns:
+        if name in seen:
+            raise KnnInputError(f"{where}: duplicate column name {name!r}")
+        seen.add(name)
+
+
 def read_csv(path: str | Path, sep: str | None = None) -> Table:
     """A CSV file with a header row; the separator is sniffed among , ; tab when not given."""
     path = Path(path)
@@ -68,7 +81,9 @@ def read_csv(path: str | Path, sep: str | None = None) -> Table:
         raise KnnInputError(
             f"{path}: row {bad + 2} has {len(body[bad])} cells, the header {len(header)}"
         )
-    return Table([h.strip() for h in header], [[c.strip() for c in r] for r in body])
+    names = [h.strip() for h in header]
+    check_unique(names, f"{path} header")
+    return Table(names, [[c.strip() for c in r] for r in body])
 
 
 def target_column(target: str) -> str:
