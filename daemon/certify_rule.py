@@ -25,6 +25,9 @@ from daemon.alerts import now_iso
 from daemon.config import CertifyRuleConfig, CfxRuleConfig
 from daemon.offload import JobOutcome
 from daemon.rules import Rule, RuleContext, RuleResult, read_model
+from rules.certify.cfx.apas import parameter_count, sample_size
+from rules.certify.cfx.certify import as_rows, certify_rows
+from rules.certify.cfx.decision import margin_rows
 from rules.reach.network import Network, load_checked
 
 JOBS = {
@@ -152,24 +155,8 @@ class CertifyRule(_PoolRule):
 def cfx_robustness(
     network: Network, rows: np.ndarray, target: int, gamma: float, R: float
 ) -> list[dict]:
-    """APΔS delta_max of each counterfactual (a pool job, imported in the worker)."""
-    from rules.certify.cfx.certify import certify_rows
-
+    """APΔS delta_max of each counterfactual (a pool job)."""
     return list(certify_rows(network, rows, target, gamma, R))
-
-
-def _cfx_rows(value: object, dim: int) -> np.ndarray:
-    """A decision's ``cfx`` field as rows of ``dim`` numbers (one or several explanations)."""
-    try:
-        rows = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError("cfx must be an array of numbers (or of such arrays)") from None
-    rows = rows.reshape(1, -1) if rows.ndim == 1 else rows
-    if rows.ndim != 2 or rows.shape[1] != dim or rows.shape[0] == 0:
-        raise ValueError(f"cfx must hold rows of {dim} numbers, got shape {rows.shape}")
-    if not np.all(np.isfinite(rows)):
-        raise ValueError("cfx has a NaN or infinity")
-    return rows
 
 
 class CfxRule(_PoolRule):
@@ -180,6 +167,11 @@ class CfxRule(_PoolRule):
         super().__init__(config, context)
         self.config = config
         self.network, _ = load_checked(read_model(config.onnx, config.name))
+        try:  # a bad target or (gamma, R) fails at startup, not in every job
+            margin_rows(self.network, config.target)
+            sample_size(config.gamma, config.R, parameter_count(self.network))
+        except ValueError as e:
+            raise ValueError(f"rule {config.name!r}: {e}") from None
 
     def matches(self, decision: Decision) -> bool:
         return self.config.model is None or decision.model == self.config.model
@@ -194,7 +186,7 @@ class CfxRule(_PoolRule):
             if "cfx" not in d.event:
                 continue
             try:
-                rows = _cfx_rows(d.event["cfx"], self.network.input_dim)
+                rows = as_rows(d.event["cfx"], self.network, "cfx")
             except ValueError as e:
                 result.dead.append((d.record, "schema", str(e)))
                 continue

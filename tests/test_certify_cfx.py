@@ -29,10 +29,10 @@ from rules.certify.cfx import (
     sample_size,
     worst_case,
 )
-from rules.certify.cfx.apas import InvalidConfidence
+from rules.certify.cfx.apas import MAX_SAMPLED, InvalidConfidence
 from rules.certify.cfx.decision import margins
 from rules.certify.cfx.interval import ParameterBox, interval_bounds
-from rules.certify.cfx.search import DELTA_INIT
+from rules.certify.cfx.search import DELTA_CAP, DELTA_INIT
 from rules.reach.network import Network, OnnxRunner
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -76,6 +76,23 @@ def test_sample_size_of_the_paper_setting_and_bad_values():
     for gamma, R in ((1.0, 0.9), (0.9, 0.0), (-0.1, 0.5)):
         with pytest.raises(InvalidConfidence):
             sample_size(gamma, R)
+
+
+def test_sample_size_is_capped_before_anything_is_sampled():
+    with pytest.raises(InvalidConfidence, match=r"gamma=0.9999999, R=0.99999999 need n=1611809549"):
+        sample_size(0.9999999, 0.99999999)
+    assert sample_size(0.999, 0.995, MAX_SAMPLED // 1379) == 1379
+    with pytest.raises(InvalidConfidence, match="n=1379 realisations of 72517 parameters"):
+        sample_size(0.999, 0.995, MAX_SAMPLED // 1379 + 1)
+    network = random_network(0, [2, 3, 1])  # 13 parameters: n <= 7.7e6, these need 9.2e6
+    with pytest.raises(InvalidConfidence, match=r"gamma=0.9999, R=0.999999"):
+        apas_delta_max(network, np.zeros(2), 1, 0.9999, 0.999999)
+
+
+def test_largest_delta_reports_exactly_the_cap():
+    assert largest_delta(lambda d: True) == DELTA_CAP
+    assert largest_delta(lambda d: True, delta_cap=0.5) == 0.5
+    assert DELTA_CAP - DELTA_INIT <= largest_delta(lambda d: d < DELTA_CAP) < DELTA_CAP
 
 
 @given(st.floats(0.0, 50.0))
@@ -294,3 +311,15 @@ def test_robust_cfx_passes_its_robustness_test(seed):
     assert (fresh.margins(delta) < 0).mean() <= 0.02
     assert margins(network, by_apas.x, 1)[0] >= by_apas.kappa - 1e-6
     assert by_apas.l1 == pytest.approx(np.abs(by_apas.x - x).sum())
+
+
+@pytest.mark.parametrize("delta", [math.nan, math.inf, -0.1])
+def test_bad_delta_is_rejected_by_name(delta):
+    network = random_network(0, [2, 3, 1])
+    x = valid_input(network, 1, 0)
+    with pytest.raises(ValueError, match="delta must be finite and >= 0"):
+        robust_cfx(network, x, delta)
+    with pytest.raises(ValueError, match="delta must be finite and >= 0"):
+        worst_case(network, x, 1, delta)
+    with pytest.raises(ValueError, match="delta must be finite and >= 0"):
+        enumerate_shifts(network, x, 1, delta)

@@ -7,13 +7,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import numpy as np
+import orjson
 import pytest
 from sklearn.neural_network import MLPClassifier
 
+from connectors.events import Decision, Record
+from daemon.certify_rule import CfxRule
 from daemon.cli import main
+from daemon.config import CfxRuleConfig
 from rules.certify.cfx import ShiftSample, worst_case
 from rules.certify.cfx.decision import margins
 from rules.certify.cfx.job import InvalidRequest, run_job
@@ -160,6 +165,8 @@ def test_job_matches_the_cli_and_its_schemas(capsys, files):
         ({"provable": 1}, "provable"),
         ({"target": True}, "target"),
         ({"R": 2.0}, "R"),
+        ({"seed": -1}, "seed"),
+        ({"gamma": 0.9999999, "R": 0.99999999}, "gamma=.*R=.*n="),
     ],
 )
 def test_job_names_the_bad_field(files, change, field):
@@ -196,6 +203,8 @@ def test_explain_writes_robust_counterfactuals(capsys, tmp_path, files, trained)
     assert code == 0
     assert np.all(np.abs(nearest - inputs).sum(axis=1) <= np.abs(found - inputs).sum(axis=1) + 1e-9)
     code, _, err = run_cli(capsys, [*argv, "--robust", "--no-progress"])
+    assert code == 2 and "--delta" in err
+    code, _, err = run_cli(capsys, [*argv, "--robust", "--delta", "nan", "--no-progress"])
     assert code == 2 and "--delta" in err
 
 
@@ -243,3 +252,43 @@ def test_german_credit_network_of_the_paper_size(capsys, tmp_path):
     code, lines, _ = run_cli(capsys, [*argv, "--provable", "--no-progress"])
     assert code == 0 and len(lines) == 4
     assert all(0 < e["provable_delta"] <= e["delta_max"] for e in lines)
+
+
+@pytest.mark.parametrize("command", ["certify cfx --cfx", "explain --x"])
+def test_corrupt_model_is_a_clean_error(capsys, tmp_path, files, command):
+    _, cfx, _ = files
+    model = tmp_path / "corrupt.onnx"
+    model.write_bytes(b"\x08\xff\xff garbage, not a protobuf")
+    code, _, err = run_cli(capsys, [*command.split(), str(cfx), "--model", str(model)])
+    assert code == 2 and f"--model {model}" in err
+
+
+def cfx_rule(model: Path, **config: object) -> CfxRule:
+    """A cfx rule on ``model``, with a stand-in pool (the tests submit no jobs)."""
+    fields = {"name": "cfx", "kind": "cfx", "topic": "decisions", "onnx": model}
+    context = SimpleNamespace(pool=object())
+    return CfxRule(CfxRuleConfig(**fields, **config), context)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [({"target": 2}, "target must be 0 or 1"), ({"gamma": 0.9999999, "R": 0.99999999}, "gamma=")],
+)
+def test_cfx_rule_rejects_a_bad_config_at_startup(files, config, match):
+    model, _, _ = files
+    with pytest.raises(ValueError, match=f"rule 'cfx': {match}"):
+        cfx_rule(model, **config)
+
+
+async def test_cfx_rule_dead_letters_a_malformed_cfx(files):
+    model, _, _ = files
+    rule = cfx_rule(model)
+    decisions = []
+    for offset, event in enumerate([{"cfx": [1.0]}, {"cfx": "rows"}, {}]):
+        record = Record("decisions", 0, offset, orjson.dumps(event))
+        decisions.append(Decision(record, offset, "m", [0.0] * 4, 0, event))
+    result = await rule.check(("decisions", 0), decisions, 0)
+    assert result.checked == 0 and not result.events
+    assert [(r.offset, reason) for r, reason, _ in result.dead] == [(0, "schema"), (1, "schema")]
+    assert "cfx: rows have 1 features, the model expects 4" in result.dead[0][2]
+    assert "cfx: not a numeric array" in result.dead[1][2]

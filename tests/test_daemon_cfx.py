@@ -70,4 +70,4 @@ async def test_counterfactuals_with_decisions_are_certified(tmp_path):
         assert c["status"] == "ok" and got["delta_max"] == want["delta_max"]
         assert c["robust"] == (want["delta_max"] >= 0.01)
     dead = [orjson.loads(line) for line in (tmp_path / "dead.jsonl").read_bytes().splitlines()]
-    assert [(d["reason"], "3 numbers" in d["error"]) for d in dead] == [("schema", True)]
+    assert [(d["reason"], "expects 3" in d["error"]) for d in dead] == [("schema", True)]

@@ -38,10 +38,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def load_model(path: Path) -> Network:
-    """The network behind an ONNX file, checked against onnxruntime."""
+    """The network behind an ONNX file, checked against onnxruntime; ValueError naming it."""
     if not path.is_file():
         raise ValueError(f"--model {path}: no such file")
-    return load_checked(path)[0]
+    try:
+        return load_checked(path)[0]
+    except ValueError as e:
+        raise ValueError(f"--model {path}: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:

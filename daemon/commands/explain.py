@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -57,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.robust and (args.delta is None or args.delta < 0):
-        raise ValueError("--robust needs --delta >= 0")
+    if args.robust and (args.delta is None or not (args.delta >= 0 and math.isfinite(args.delta))):
+        raise ValueError(f"--robust needs a finite --delta >= 0, got {args.delta}")
     network = load_model(args.model)
     xs = as_rows(load_npy(args.x, "--x"), network, f"--x {args.x}")
     lower, upper = args.lower, args.upper

@@ -20,17 +20,35 @@ from rules.certify.cfx.decision import margin_rows
 from rules.certify.cfx.search import DELTA_INIT, largest_delta
 from rules.reach.network import Network
 
+MAX_SAMPLED = 100_000_000
+"""Cap on n x parameters, the uniform noise ShiftSample holds (800 MB of float64)."""
+
 
 class InvalidConfidence(ValueError):
-    """gamma or R is outside (0, 1)."""
+    """gamma or R is outside (0, 1), or needs more realisations than MAX_SAMPLED allows."""
 
 
-def sample_size(gamma: float, R: float) -> int:
-    """Realisations needed for confidence ``gamma`` that a fraction ``R`` is robust (Lemma 4)."""
+def parameter_count(network: Network) -> int:
+    """Weights and biases of ``network``: the values each realisation samples."""
+    return sum(w.size + b.size for w, b in zip(network.weights, network.biases, strict=True))
+
+
+def sample_size(gamma: float, R: float, parameters: int = 1) -> int:
+    """Realisations needed for confidence ``gamma`` that a fraction ``R`` is robust (Lemma 4).
+
+    Raises when n realisations of ``parameters`` values each exceed MAX_SAMPLED, so a
+    near-1 (gamma, R) fails fast instead of exhausting memory.
+    """
     for name, value in (("gamma", gamma), ("R", R)):
         if not 0.0 < value < 1.0:
             raise InvalidConfidence(f"{name} must be in (0, 1), got {value}")
-    return math.ceil(math.log(1.0 - gamma) / math.log(R))
+    n = math.ceil(math.log(1.0 - gamma) / math.log(R))
+    if n * parameters > MAX_SAMPLED:
+        raise InvalidConfidence(
+            f"gamma={gamma}, R={R} need n={n} realisations of {parameters} parameters, "
+            f"over the cap of {MAX_SAMPLED:.0e} sampled values"
+        )
+    return n
 
 
 class ShiftSample:
@@ -116,5 +134,6 @@ def apas_delta_max(
     delta_init: float = DELTA_INIT,
 ) -> float:
     """Largest delta at which all n = sample_size(gamma, R) realisations keep ``x`` valid."""
-    sample = ShiftSample(network, x, target, sample_size(gamma, R), rng or np.random.default_rng())
+    n = sample_size(gamma, R, parameter_count(network))
+    sample = ShiftSample(network, x, target, n, rng or np.random.default_rng())
     return largest_delta(sample.robust_at, delta_init)

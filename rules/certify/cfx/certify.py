@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from rules.certify.cfx.apas import ShiftSample, sample_size
+from rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
 from rules.certify.cfx.milp import provable_delta_max
 from rules.certify.cfx.search import largest_delta
 from rules.reach.network import Network
@@ -46,7 +46,7 @@ def certify_rows(
     Each row draws from its own child of ``seed``, so a row's result does not depend on which
     other rows are certified with it.
     """
-    n = sample_size(gamma, R)
+    n = sample_size(gamma, R, parameter_count(network))
     streams = np.random.SeedSequence(seed).spawn(len(cfx))
     for i, (x, stream) in enumerate(zip(cfx, streams, strict=True)):
         start = time.perf_counter()

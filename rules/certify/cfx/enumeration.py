@@ -9,6 +9,7 @@ bounded in a single batched pass, largest (shallowest) first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,8 +85,8 @@ def enumerate_shifts(
     batch: int = 4096,
 ) -> Enumeration:
     """Settle the delta box around ``network`` for counterfactual ``x`` by bisection."""
-    if delta < 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
+    if not (delta >= 0 and math.isfinite(delta)):
+        raise ValueError(f"delta must be finite and >= 0, got {delta}")
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     rows = margin_rows(network, target)
     theta, layout = _flatten(network)

@@ -9,12 +9,13 @@ observed shortfall until the test passes or the iterations run out.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from rules.certify.cfx.apas import ShiftSample, sample_size
+from rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
 from rules.certify.cfx.decision import margin_rows
 from rules.certify.cfx.highs import Milp
 from rules.certify.cfx.milp import worst_case
@@ -130,14 +131,14 @@ def robust_cfx(
     immutable: list[int] | tuple[int, ...] = (),
 ) -> RobustCfx:
     """Nearest counterfactual that passes the delta-robustness ``test`` (Algorithm 2)."""
-    if delta < 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
+    if not (delta >= 0 and math.isfinite(delta)):
+        raise ValueError(f"delta must be finite and >= 0, got {delta}")
     if test not in ("apas", "milp"):
         raise ValueError(f"test must be 'apas' or 'milp', got {test!r}")
     if max_iterations < 1:
         raise ValueError(f"max_iterations must be >= 1, got {max_iterations}")
     rng = rng or np.random.default_rng()
-    n = sample_size(gamma, R)
+    n = sample_size(gamma, R, parameter_count(network))
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     kappa = KAPPA_INIT
     for iteration in range(1, max_iterations + 1):

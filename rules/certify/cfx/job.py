@@ -5,9 +5,10 @@ Request (JSON-decoded dict):
     cfx       list, required  one counterfactual per row, each a list of input_dim numbers
     target    int = 1         the class the counterfactuals claim
     gamma     float = 0.999   confidence of the APΔS guarantee, in (0, 1)
-    R         float = 0.995   fraction of shifts guaranteed robust, in (0, 1)
+    R         float = 0.995   fraction of shifts guaranteed robust, in (0, 1); the sample
+                              size they need is capped (apas.MAX_SAMPLED)
     provable  bool = False    also compute the largest provable delta (MILP)
-    seed      int | None = 0  seed of the realisations sampled
+    seed      int | None = 0  seed of the realisations sampled, >= 0
 
 Result: {"results": [{"row", "delta_max", "samples", "provable_delta"?, "seconds"}, ...]},
 one entry per row in order, the same objects `vigil certify cfx` prints.
@@ -55,6 +56,8 @@ def run_job(request: dict) -> dict:
     R = float(_field(request, "R", (int, float), 0.995))
     provable = _field(request, "provable", (bool,), False)
     seed = _field(request, "seed", (int, type(None)), 0)
+    if seed is not None and seed < 0:
+        raise InvalidRequest(f"request field 'seed' must be >= 0 or null, got {seed}")
     try:
         network, _ = load_checked(model)
     except Exception as e:

@@ -11,6 +11,7 @@ the solution converts back into a concrete realisation (the witness).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,8 +80,8 @@ class _Encoding:
 
 def worst_case(network: Network, x: np.ndarray, target: int, delta: float) -> WorstCase:
     """The exact smallest margin of ``x`` over all realisations in the delta box."""
-    if delta < 0:
-        raise ValueError(f"delta must be >= 0, got {delta}")
+    if not (delta >= 0 and math.isfinite(delta)):
+        raise ValueError(f"delta must be finite and >= 0, got {delta}")
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     rows = margin_rows(network, target)
     if len(network.weights) == 1:

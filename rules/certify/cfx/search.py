@@ -8,7 +8,7 @@ DELTA_INIT = 1e-4
 """Smallest shift probed, and the width at which the binary search stops."""
 
 DELTA_CAP = 1e6
-"""Doubling stops here: a counterfactual robust beyond it is reported at the cap."""
+"""Doubling stops here: a counterfactual robust at the cap is reported at exactly the cap."""
 
 
 def largest_delta(
@@ -18,21 +18,21 @@ def largest_delta(
 ) -> float:
     """Largest delta ``robust_at`` accepts, to within ``delta_init``; 0 if it rejects delta_init.
 
-    Doubles delta until the first rejection, then bisects between the last accepted and the
-    first rejected value until they are ``delta_init`` apart, and returns the accepted end, so
-    the returned value is always one that ``robust_at`` accepted (or 0).
+    Doubles delta (the last probe clipped to ``delta_cap``, returned if accepted) until the
+    first rejection, then bisects between the last accepted and the first rejected value until
+    they are ``delta_init`` apart, and returns the accepted end, so the returned value is always
+    one that ``robust_at`` accepted (or 0).
     """
     if not delta_init > 0:
         raise ValueError(f"delta_init must be positive, got {delta_init}")
     if not robust_at(delta_init):
         return 0.0
     low = delta_init
-    high = 2.0 * delta_init
+    high = min(2.0 * delta_init, delta_cap)
     while robust_at(high):
-        low = high
         if high >= delta_cap:
             return high
-        high *= 2.0
+        low, high = high, min(2.0 * high, delta_cap)
     while high - low > delta_init:
         mid = 0.5 * (low + high)
         if robust_at(mid):
