@@ -292,3 +292,11 @@ async def test_cfx_rule_dead_letters_a_malformed_cfx(files):
     assert [(r.offset, reason) for r, reason, _ in result.dead] == [(0, "schema"), (1, "schema")]
     assert "cfx: rows have 1 features, the model expects 4" in result.dead[0][2]
     assert "cfx: not a numeric array" in result.dead[1][2]
+
+
+@pytest.mark.parametrize("command", [["certify", "cfx"], ["explain"], ["verify", "batch"]])
+def test_a_negative_seed_is_named(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--seed", "-1"])
+    assert exit_info.value.code == 2
+    assert "--seed: expected a non-negative integer" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 from tqdm import tqdm
 
-from daemon.commands import load_npy
+from daemon.commands import load_npy, seed
 from rules.certify.cfx.certify import as_rows, certify_rows
 from rules.reach.network import Network, load_checked
 
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--provable", action="store_true", help="also the largest provable delta (MILP, slower)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled realisations")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the sampled realisations")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(handler=run)
 

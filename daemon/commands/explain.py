@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from daemon.commands import load_npy
+from daemon.commands import load_npy, seed
 from daemon.commands.cfx import load_model
 from rules.certify.cfx.certify import as_rows
 from rules.certify.cfx.generate import nearest_cfx, robust_cfx
@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--immutable", type=int, nargs="*", default=[], metavar="I", help="features kept as is"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(handler=run)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from daemon.commands import load_npy
+from daemon.commands import load_npy, seed
 from rules.reach.basis import sample
 from rules.reach.branch import reach_and_branch
 from rules.reach.network import OnnxRunner, load_checked
@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--b", type=Path, metavar="B.npy")
     p.add_argument("--max-branches", type=int, default=250)
     p.add_argument("--method", choices=METHODS, default="symbolic")
-    p.add_argument("--seed", type=int, default=0, help="for the coverage estimate's samples")
+    p.add_argument("--seed", type=seed, default=0, help="for the coverage estimate's samples")
     p.set_defaults(handler=run)
 
 
