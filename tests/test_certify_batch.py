@@ -286,7 +286,10 @@ def test_time_breakdown_sums_to_the_wall_time():
     boxes = [ball_box(c, 0.05, None) for c in x[np.argmax(net.logits(x), axis=1) == label]]
     stats = Stats()
     start = time.perf_counter()
-    BatchVerifier(net, boxes, label, None, 60.0, stats).verify(4, "thompson", 0)
+    verifier = BatchVerifier(net, boxes, label, None, 60.0, stats)
+    verifier.verify(4, "thompson", 0)
     wall = time.perf_counter() - start
     assert len(stats.split_layers) == 1 and stats.split_layers[0] in (1, 2, 3)
     assert sum(stats.as_dict()["time"].values()) <= wall + 1e-3
+    # the split probes are single-ball times: they bound the batches' budget from the start
+    assert len(verifier.single_times) >= 3 - stats.refinements

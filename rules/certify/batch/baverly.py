@@ -189,9 +189,11 @@ class BatchVerifier:
             if not pending:
                 break
             i = pending.pop(int(rng.integers(len(pending))))
-            t0 = time.perf_counter()
+            t0, refined = time.perf_counter(), self.stats.refinements
             self.run_batch([i], k)
             times[k] = time.perf_counter() - t0
+            if self.stats.refinements == refined:  # a refinement logs its own single time
+                self.single_times.append(times[k])
         return min(times, key=times.__getitem__) if times else hidden
 
     def verify(self, max_batch: int, sizer: str, seed: int) -> dict[int, Outcome]:
