@@ -28,7 +28,7 @@ from daemon.rules import Rule, RuleContext, RuleResult, read_model
 from rules.certify.cfx.apas import parameter_count, sample_size
 from rules.certify.cfx.certify import as_rows, certify_rows
 from rules.certify.cfx.decision import margin_rows
-from rules.reach.network import Network, load_checked
+from rules.reach.network import Network
 
 JOBS = {
     "knn": "rules.certify.knn.job",
@@ -166,7 +166,7 @@ class CfxRule(_PoolRule):
     def __init__(self, config: CfxRuleConfig, context: RuleContext) -> None:
         super().__init__(config, context)
         self.config = config
-        self.network, _ = load_checked(read_model(config.onnx, config.name))
+        _, self.network = read_model(config.onnx, config.name)
         try:  # a bad target or (gamma, R) fails at startup, not in every job
             margin_rows(self.network, config.target)
             sample_size(config.gamma, config.R, parameter_count(self.network))

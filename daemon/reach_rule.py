@@ -57,7 +57,12 @@ class ReachRule(Rule):
         self.version: str | None = None
         self._sent: str | None = None  # the version the worker was last sent
         if config.onnx is not None:
-            self.model = read_model(config.onnx, config.name)
+            self.model, network = read_model(config.onnx, config.name)
+            if network.output_dim != len(config.C[0]):
+                raise ValueError(
+                    f"rule {config.name!r}: onnx {config.onnx} has {network.output_dim} "
+                    f"outputs, the spec C has {len(config.C[0])} columns"
+                )
             self.version = f"file:{Path(config.onnx).name}"
 
     def wants_decisions(self, topic: str) -> bool:

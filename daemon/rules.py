@@ -18,6 +18,7 @@ from daemon.metrics import Metrics
 from daemon.offload import OffloadPool
 from rules.ior import Monitor, MonitorSpec
 from rules.ior.backends import parse_backend
+from rules.reach.network import Network, load_checked
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,18 @@ class RuleResult:
     seconds: float = 0.0
 
 
-def read_model(path: Path, rule: str) -> bytes:
-    """A rule's ONNX file, or an error naming the rule and the file."""
+def read_model(path: Path, rule: str) -> tuple[bytes, Network]:
+    """A rule's ONNX file and the network in it (checked against onnxruntime), or an error
+    naming the rule and the file, so a bad model stops the daemon at startup."""
     try:
-        return Path(path).read_bytes()
+        onnx = Path(path).read_bytes()
     except OSError as e:
         raise ValueError(f"rule {rule!r}: cannot read onnx {path}: {e.strerror}") from None
+    try:
+        network, _ = load_checked(onnx)
+    except ValueError as e:
+        raise ValueError(f"rule {rule!r}: onnx {path}: {e}") from None
+    return onnx, network
 
 
 class Rule:

@@ -325,3 +325,19 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
     alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
     got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
     assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+
+
+def test_a_bad_model_file_stops_the_daemon_at_startup(tmp_path):
+    from daemon.service import build_pipeline
+    from tests.onnx_models import mlp
+
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08garbage")
+    config = parse_config(_config([{**REACH, "onnx": str(corrupt)}]))
+    with pytest.raises(ValueError, match=r"rule 'v': onnx .*corrupt.onnx: not an ONNX model"):
+        build_pipeline(config, Metrics())
+    three = tmp_path / "three.onnx"  # 3 outputs, the spec's C has 2 columns
+    three.write_bytes(mlp([(np.ones((2, 4)), np.zeros(4)), (np.ones((4, 3)), np.zeros(3))]))
+    config = parse_config(_config([{**REACH, "onnx": str(three)}]))
+    with pytest.raises(ValueError, match="has 3 outputs, the spec C has 2 columns"):
+        build_pipeline(config, Metrics())
