@@ -36,8 +36,9 @@ class BadEvent(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A decoded decision event; ``x`` and ``y`` are validated per rule, in batches.
-    ``event`` is the whole parsed event, for rules that read optional fields (``cfx``)."""
+    """A decoded decision event; ``x`` and ``y`` are validated per rule, in batches. ``x`` is
+    None when the event names its inputs in ``features`` instead. ``event`` is the whole
+    parsed event, for rules that read other fields (``features``, ``embedding``, ``cfx``)."""
 
     record: Record
     id: str | int
@@ -57,16 +58,20 @@ def decode_decision(record: Record) -> Decision:
         raise _classify_undecodable(record.value, e) from None
     if not isinstance(event, dict):
         raise BadEvent("schema", f"expected a JSON object, got {type(event).__name__}")
-    missing = [k for k in ("id", "model", "x", "y") if k not in event]
+    missing = [k for k in ("id", "model", "y") if k not in event]
+    if "x" not in event and "features" not in event:
+        missing.append("x (or features)")
     if missing:
         raise BadEvent("schema", f"missing field(s): {', '.join(missing)}")
-    ident, model, x, y = event["id"], event["model"], event["x"], event["y"]
+    ident, model, x, y = event["id"], event["model"], event.get("x"), event["y"]
     if not isinstance(ident, str | int) or isinstance(ident, bool):
         raise BadEvent("schema", f"id must be a string or integer, got {type(ident).__name__}")
     if not isinstance(model, str):
         raise BadEvent("schema", f"model must be a string, got {type(model).__name__}")
-    if not isinstance(x, list):
+    if "x" in event and not isinstance(x, list):
         raise BadEvent("schema", f"x must be an array of numbers, got {type(x).__name__}")
+    if "features" in event and not isinstance(event["features"], dict):
+        raise BadEvent("schema", "features must be an object of named numbers")
     if isinstance(y, bool) or not isinstance(y, int | float | list):
         raise BadEvent("schema", f"y must be a label or an array, got {type(y).__name__}")
     return Decision(record, ident, model, x, y, event)

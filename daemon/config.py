@@ -110,6 +110,13 @@ class IorRuleConfig(_Section):
     )
     ignore: list[Annotated[int, Field(ge=0)]] = []
     scale: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
+    input: Literal["x", "embedding"] = Field(
+        default="x", description="compare the decisions' x, or their embedding vectors"
+    )
+    features: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        description="read the input from the decision's `features` object, in this order",
+    )
     history_limit: Annotated[int, Field(ge=1)] | None = Field(
         default=None,
         description="decisions kept per partition (the oldest quarter dropped when full); "
@@ -121,12 +128,25 @@ class IorRuleConfig(_Section):
         parse_backend(self.backend)
         if self.output == "label" and self.delta:
             raise ValueError("delta applies to probability outputs only")
-        if self.dim is not None:
-            if any(i >= self.dim for i in self.ignore):
-                raise ValueError(f"ignore has an index >= dim ({self.dim})")
-            if self.scale is not None and len(self.scale) != self.dim:
-                raise ValueError(f"scale has {len(self.scale)} entries, dim is {self.dim}")
+        if self.features is not None:
+            if self.input != "x":
+                raise ValueError("features and input = 'embedding' exclude each other")
+            if not self.features or len(set(self.features)) != len(self.features):
+                raise ValueError("features must name distinct inputs")
+            if self.dim is not None and self.dim != len(self.features):
+                raise ValueError(f"dim is {self.dim}, features names {len(self.features)}")
+        dim = self.input_dim
+        if dim is not None:
+            if any(i >= dim for i in self.ignore):
+                raise ValueError(f"ignore has an index >= dim ({dim})")
+            if self.scale is not None and len(self.scale) != dim:
+                raise ValueError(f"scale has {len(self.scale)} entries, dim is {dim}")
         return self
+
+    @property
+    def input_dim(self) -> int | None:
+        """The input length when the configuration fixes it (``dim``, or ``features``)."""
+        return len(self.features) if self.features is not None else self.dim
 
 
 class ReachRuleConfig(_Section):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +160,10 @@ class IorRule(Rule):
         """Check decisions of one partition in order; alerts only for offsets >= emit_from
         (earlier ones are being replayed into the state after a restart)."""
         result = RuleResult()
+        if self.config.features is not None or self.config.input == "embedding":
+            decisions = self._read_inputs(decisions, result)
         monitor = self.monitors.get(tp)
-        dim = monitor.spec.dim if monitor else self.config.dim or _first_length(decisions)
+        dim = monitor.spec.dim if monitor else self.config.input_dim or _first_length(decisions)
         out_dim = monitor.spec.output_dim if monitor else _first_length(decisions, "y")
         good, x, y = self._validate(decisions, dim, out_dim, result)
         if not good:
@@ -185,6 +187,18 @@ class IorRule(Rule):
                 witness_alerts(self.name, monitor, w, context, _json_output, rows=emit)
             )
         return result
+
+    def _read_inputs(self, decisions: list[Decision], result: RuleResult) -> list[Decision]:
+        """Each decision with ``x`` replaced by the input this rule compares (its embedding,
+        or its named features in the configured order); the others are dead-lettered."""
+        out = []
+        for d in decisions:
+            value, problem = _configured_input(d.event, self.config)
+            if problem:
+                result.dead.append((d.record, "schema", problem))
+            else:
+                out.append(replace(d, x=value))
+        return out
 
     def _spec(self, dim: int, out_dim: int) -> MonitorSpec:
         c = self.config
@@ -260,10 +274,26 @@ def _as_arrays(decisions, dim: int, out_dim: int, labels: bool):
     return x.astype(np.float64), y.astype(np.int64 if labels else np.float64)
 
 
+def _configured_input(event: dict[str, Any], config: IorRuleConfig) -> tuple[Any, str | None]:
+    """(the input vector, None), or (None, what is missing) for a rule reading the decision's
+    ``embedding`` or its ``features`` by name."""
+    if config.features is None:
+        if "embedding" not in event:
+            return None, "this rule compares embeddings; the decision has no embedding"
+        return event["embedding"], None
+    features = event.get("features")
+    if not isinstance(features, dict):
+        return None, "this rule reads named features; the decision has no features object"
+    absent = [name for name in config.features if name not in features]
+    if absent:
+        return None, f"features lack {', '.join(map(repr, absent))}"
+    return [features[name] for name in config.features], None
+
+
 def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, str] | None:
     # booleans count as 0/1 here, as they do on the fast path (np.array), so that the
     # verdict on an event never depends on the batch it arrived in
-    if not all(isinstance(v, int | float) for v in d.x):
+    if not isinstance(d.x, list) or not all(isinstance(v, int | float) for v in d.x):
         return "schema", "x must be an array of numbers"
     if len(d.x) != dim:
         return "dimension", f"x has {len(d.x)} values, the rule expects {dim}"

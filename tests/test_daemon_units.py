@@ -95,6 +95,9 @@ def test_decoder_agrees_with_the_decision_schema():
         {"id": "a", "model": 3, "x": [0.1], "y": 1},
         {"id": "a", "model": "m", "x": "0.1", "y": 1},
         {"id": "a", "model": "m", "x": [0.1], "y": "yes"},
+        {"id": "a", "model": "m", "features": {"age": 0.3, "income": 1}, "y": 1},
+        {"id": "a", "model": "m", "features": [0.3], "y": 1},
+        {"id": "a", "model": "m", "y": 1, "embedding": [0.1]},
         [1, 2],
     ]
     for sample in samples:
@@ -341,3 +344,72 @@ def test_a_bad_model_file_stops_the_daemon_at_startup(tmp_path):
     config = parse_config(_config([{**REACH, "onnx": str(three)}]))
     with pytest.raises(ValueError, match="has 3 outputs, the spec C has 2 columns"):
         build_pipeline(config, Metrics())
+
+
+def _run_rule(tmp_path, events: list[dict], **options) -> tuple[dict, list[dict]]:
+    """Alerts (decision id -> witness ids) and dead letters of one ior rule over ``events``."""
+    sink = MemorySink()
+    values = [orjson.dumps(e) for e in events]
+    pipeline, source, _ = _pipeline(values, SnapshotStore(tmp_path), sink, **options)
+
+    async def run():
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
+    return {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}, dead
+
+
+def test_named_features_are_read_in_the_rules_order(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 8, size=(200, 3)) / 8
+    y = rng.integers(0, 2, size=200)
+    names = ["income", "age", "debt"]
+    rows = [dict(zip(names, row, strict=True)) for row in x.tolist()]
+    events = [{"id": i, "model": "m", "features": rows[i], "y": int(y[i])} for i in range(200)]
+    events[50]["features"].pop("debt")
+    order = ["debt", "age", "income"]  # reversed: the scale below makes the order matter
+    got, dead = _run_rule(tmp_path, events, features=order, scale=[1.0, 1.0, 4.0])
+    keep = [i for i in range(200) if i != 50]
+    truth = witness_sets(x[keep][:, ::-1], y[keep], 0.25, scale=np.array([1.0, 1.0, 4.0]))
+    assert got == {keep[n]: [keep[j] for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert [(d["source"]["offset"], d["reason"]) for d in dead] == [(50, "schema")]
+    assert "'debt'" in dead[0]["error"]
+
+
+def test_an_embedding_rule_compares_the_embeddings(tmp_path):
+    rng = np.random.default_rng(4)
+    e = rng.integers(0, 8, size=(150, 2)) / 8
+    y = rng.integers(0, 2, size=150)
+    events = [
+        {"id": i, "model": "m", "x": [9.0, float(i)], "embedding": e[i].tolist(), "y": int(y[i])}
+        for i in range(150)
+    ]
+    del events[7]["embedding"]
+    got, dead = _run_rule(tmp_path, events, input="embedding")
+    keep = [i for i in range(150) if i != 7]
+    truth = witness_sets(e[keep], y[keep], 0.25)
+    assert got == {keep[n]: [keep[j] for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert [d["source"]["offset"] for d in dead] == [7] and "no embedding" in dead[0]["error"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"features": ["a", "b"], "input": "embedding"}, "exclude each other"),
+        ({"features": ["a", "a"]}, "distinct"),
+        ({"features": ["a", "b"], "dim": 3}, "dim is 3"),
+        ({"features": ["a", "b"], "ignore": [2]}, "ignore"),
+    ],
+)
+def test_input_options_are_validated(options, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(
+            {
+                "files": {"decisions": "unused", "topic": "t"},
+                "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
+                "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 1, **options}],
+            }
+        )
