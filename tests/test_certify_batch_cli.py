@@ -99,20 +99,22 @@ def test_cli_rejects_mismatched_labels(digits_model, capsys, tmp_path):
     assert "labels must have shape" in capsys.readouterr().err
 
 
+def _request(onnx: bytes, x: np.ndarray, labels, **fields) -> dict:
+    return {
+        "onnx": base64.b64encode(onnx).decode(),
+        "inputs": x.tolist(),
+        "labels": list(labels),
+        **fields,
+    }
+
+
 def _schema(name: str) -> dict:
     return orjson.loads((files("connectors") / "schemas" / name).read_bytes())
 
 
 def test_job_result_validates_against_schema(digits_model):
     _, onnx, x, labels = digits_model
-    request = {
-        "onnx": base64.b64encode(onnx).decode(),
-        "inputs": x.tolist(),
-        "labels": labels.tolist(),
-        "eps": 0.05,
-        "clip": [0, 1],
-        "max_batch": 4,
-    }
+    request = _request(onnx, x, labels.tolist(), eps=0.05, clip=[0, 1], max_batch=4)
     jsonschema.validate(request, _schema("batch_request.json"))
     result = run_job(request)
     jsonschema.validate(result, _schema("batch_result.json"))
@@ -152,25 +154,14 @@ def test_job_refuses_a_single_output_model(digits_model):
     net = Network.from_arrays(
         [(rng.normal(size=(4, 64)), np.zeros(4)), (rng.normal(size=(1, 4)), np.zeros(1))]
     )
-    request = {
-        "onnx": base64.b64encode(net.to_onnx()).decode(),
-        "inputs": x[:2].tolist(),
-        "labels": [0, 0],
-        "eps": 10.0,
-    }
+    request = _request(net.to_onnx(), x[:2], [0, 0], eps=10.0)
     with pytest.raises(ValueError, match="two or more outputs"):
         run_job(request)
 
 
 def test_a_huge_max_batch_is_capped_by_the_inputs(digits_model):
     _, onnx, x, labels = digits_model
-    request = {
-        "onnx": base64.b64encode(onnx).decode(),
-        "inputs": x.tolist(),
-        "labels": labels.tolist(),
-        "eps": 0.01,
-        "max_batch": 10**9,
-    }
+    request = _request(onnx, x, labels.tolist(), eps=0.01, max_batch=10**9)
     assert len(run_job(request)["verdicts"]) == len(x)
 
 

@@ -183,13 +183,8 @@ def test_cli_writes_one_line_per_input_and_a_sound_summary(tmp_path, capsys):
 
 
 def test_cli_reports_bad_columns(tmp_path, capsys):
-    rows, labels = _data(20, 4)
-    train = tmp_path / "train.csv"
-    _write_csv(
-        train,
-        ["income", "age", "sex", "region", "y"],
-        [[*r, y] for r, y in zip(rows, labels, strict=True)],
-    )
+    train, _ = _cli_files(tmp_path, 20)
+    rows, _ = _data(20, 4)
     other = tmp_path / "other.csv"
     _write_csv(other, ["income", "age"], [r[:2] for r in rows])
     base = ["certify", "knn", "--train", str(train), "--target", "y", "--flips", "0",
