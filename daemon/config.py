@@ -117,6 +117,13 @@ class IorRuleConfig(_Section):
         default=None,
         description="read the input from the decision's `features` object, in this order",
     )
+    quantitative: bool = Field(
+        default=False, description="add each alert's largest d_out / d_in within eps"
+    )
+    ratio_threshold: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="alert only when that ratio exceeds this (implies quantitative)",
+    )
     history_limit: Annotated[int, Field(ge=1)] | None = Field(
         default=None,
         description="decisions kept per partition (the oldest quarter dropped when full); "

@@ -177,7 +177,10 @@ class IorRule(Rule):
         w = monitor.check_batch(x, y, [d.id for d in good])
         result.seconds = time.perf_counter() - started
         result.checked, result.flagged, result.witnesses = len(good), len(w.flagged), w.pairs
-        emit = [i for i in w.flagged.tolist() if good[i].record.offset >= emit_from]
+        rows = w.flagged
+        if self.config.ratio_threshold is not None:
+            rows = rows[w.ratio[rows] > self.config.ratio_threshold]
+        emit = [i for i in rows.tolist() if good[i].record.offset >= emit_from]
         if emit:
 
             def context(i: int) -> tuple[str, dict[str, Any]]:
@@ -210,6 +213,7 @@ class IorRule(Rule):
             delta=c.delta,
             output_metric=c.output_metric,
             output_dim=out_dim if c.output != "label" else 1,
+            quantitative=c.quantitative or c.ratio_threshold is not None,
             ignore=tuple(c.ignore),
             scale=tuple(c.scale) if c.scale else None,
         )

@@ -22,7 +22,7 @@ from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, PipelineSettings
 from daemon.rules import IorRule
 from daemon.state import SnapshotStore
-from tests.oracle import witness_sets
+from tests.oracle import largest_ratios, witness_sets
 
 CONTRACT = """
 [kafka]
@@ -413,3 +413,29 @@ def test_input_options_are_validated(options, message):
                 "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 1, **options}],
             }
         )
+
+
+def test_a_quantitative_rule_reports_and_filters_by_the_largest_ratio(tmp_path):
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 8, size=(200, 2)) / 8
+    y = rng.integers(0, 3, size=200)
+    events = [{"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])} for i in range(200)]
+    sink = MemorySink()
+    pipeline, source, _ = _pipeline(
+        [orjson.dumps(e) for e in events], SnapshotStore(tmp_path), sink, ratio_threshold=5.0
+    )
+
+    async def run():
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    truth, ratios = witness_sets(x, y, 0.25), largest_ratios(x, y, 0.25)
+    above = {n for n, (r, _) in enumerate(ratios) if truth[n] and r > 5.0}
+    assert {a["decision"]["id"] for a in alerts} == above and above
+    validator = jsonschema.Draft202012Validator(schema("alert"))
+    for a in alerts:
+        validator.validate(a)
+        r, j = ratios[a["decision"]["id"]]
+        assert a["lipschitz"] == {"ratio": r if np.isfinite(r) else None, "witness": j}
