@@ -15,6 +15,7 @@ from rules.reach.branch import HOLDS, reach_and_branch
 from rules.reach.network import Network, OnnxRunner
 from rules.reach.online import overall
 from rules.reach.sets import InputSet, OutputSpec
+from rules.reach.symbolic import reach
 from tests.milp_oracle import max_violation
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -145,3 +146,50 @@ def test_thin_polytopes_are_verified_in_a_fitted_basis():
     axis = reach_and_branch(net, inputs, spec, max_branches=64, basis=Basis.identity(4))
     assert overall(fitted)[0] == "holds"
     assert 2 * len(fitted) < len(axis) or overall(axis)[0] != "holds"
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    r=st.sampled_from([0.0, 0.01, 0.05]),
+    width=st.sampled_from([0.0, 0.05]),
+)
+def test_interval_network_bounds_cover_the_exact_worst_weights(seed, r, width):
+    """At points of the box, the exact largest output over every weight and bias within r
+    (a MILP with HiGHS) never exceeds the bound reach reports for the interval network."""
+    from rules.certify.cfx import worst_case
+
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 4))
+    net = random_network(rng, [d, int(rng.integers(3, 7)), int(rng.integers(3, 7)), 1])
+    centre = rng.uniform(-1, 1, d)
+    lo, hi = centre - width, centre + width
+    radius = [
+        (np.full(w.shape, r), np.full(b.shape, r))
+        for w, b in zip(net.weights, net.biases, strict=True)
+    ]
+    C = np.array([[1.0], [-1.0]])
+    upper = reach(net, lo[None], hi[None], C, radius=radius).upper[0]
+    for x in [centre, *rng.uniform(lo, hi, size=(3, d))]:
+        largest = -worst_case(net, x, 0, r).margin  # target 0: the margin is -y
+        smallest = worst_case(net, x, 1, r).margin
+        assert largest <= upper[0] + 1e-7
+        assert -smallest <= upper[1] + 1e-7
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), width=st.sampled_from([0.05, 0.3, 1.0]))
+def test_reach_bounds_cover_the_exact_maximum_over_the_box(seed, width):
+    """Every spec row's bound (the tighter of forward and backward) is at least its exact
+    maximum over the box (MILP)."""
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 4))
+    net = random_network(rng, [d, int(rng.integers(3, 8)), int(rng.integers(3, 8)), 2])
+    centre = rng.uniform(-1, 1, d)
+    lo, hi = centre - width, centre + width
+    C = rng.normal(size=(3, 2))
+    upper = reach(net, lo[None], hi[None], C).upper[0]
+    box = InputSet(lo, hi, np.zeros((0, d)), np.zeros(0))
+    for j, row in enumerate(C):
+        exact, _ = max_violation(net, box, OutputSpec(row[None], np.zeros(1)))
+        assert exact <= upper[j] + 1e-7

@@ -15,12 +15,11 @@ import numpy as np
 from rules.reach.basis import Basis
 from rules.reach.network import Network
 from rules.reach.sets import InputSet, OutputSpec
-from rules.reach.symbolic import LayerInput, reach
+from rules.reach.symbolic import LAYER_FIELDS, LayerInput, reach
 
 UNKNOWN, HOLDS, VIOLATED, EMPTY = 0, 1, 2, 3
 STATUS_NAMES = ("unknown", "holds", "violated", "empty")
 _ATTACK_STEPS = 8
-_LAYER_FIELDS = ("low", "up", "lo", "hi")
 
 
 @dataclass
@@ -104,17 +103,18 @@ def evaluate(
     method: str = "symbolic",
     radius: list[tuple[np.ndarray, np.ndarray]] | None = None,
     start: int = 0,
-    cached: LayerInput | None = None,
+    cached: list[LayerInput] | None = None,
     attack: bool = True,
 ) -> Evaluation:
     """Reach sets of boxes [lo, hi] (already tightened to ``inputs``), then their statuses."""
     result = reach(
-        network, lo, hi, spec.C, radius=radius, start=start, cached=cached, method=method
+        network, lo, hi, spec.C, radius=radius, start=start, cached=cached, method=method, d=spec.d
     )
     holds = np.all(result.upper <= spec.d, axis=1)
     status = np.where(empty, EMPTY, np.where(holds, HOLDS, UNKNOWN)).astype(np.int8)
     point = np.full(lo.shape, np.nan)
-    open_ = np.flatnonzero(status == UNKNOWN)
+    # no input of a box breaks the spec for the centre weights where their bound holds
+    open_ = np.flatnonzero((status == UNKNOWN) & ~np.all(result.centre_upper <= spec.d, axis=1))
     if attack and open_.size:
         found, where = counterexamples(network, inputs, spec, lo[open_], hi[open_])
         status[open_[found]] = VIOLATED
@@ -242,7 +242,7 @@ def assemble(basis: Basis, parts: list[Part]) -> Branches:
     cat = np.concatenate
     evs = [p.ev for p in parts]
     inputs = [
-        LayerInput(*(cat([getattr(e.inputs[i], name) for e in evs]) for name in _LAYER_FIELDS))
+        LayerInput(*(cat([getattr(e.inputs[i], name) for e in evs]) for name in LAYER_FIELDS))
         for i in range(len(evs[0].inputs))
     ]
     return Branches(

@@ -22,7 +22,7 @@ are rebuilt when the coverage rate falls ``rebuild_drop`` below its value after 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from rules.reach.branch import (
 )
 from rules.reach.network import Network
 from rules.reach.sets import InputSet, OutputSpec
-from rules.reach.symbolic import LayerInput
+from rules.reach.symbolic import LAYER_FIELDS, LayerInput
 
 _MIN_INN_SCALE = 1 / 16
 ACCELERATIONS = ("bmi", "rsr", "lb", "bmw", "inn", "ic")
@@ -146,6 +146,9 @@ class OnlineVerifier:
         self._inputs: InputSet | None = None
         self._network: Network | None = None
         self._centre: Network | None = None  # the weights the results were computed around
+        self._params = np.zeros(0)  # the last network's parameters, flat
+        self._centre_params = np.zeros(0)  # the centre's, and the interval radius of each
+        self._param_radius = np.zeros(0)
         self._radius: list[tuple[np.ndarray, np.ndarray]] | None = None
         self._ranges = np.zeros(0)  # interval half-width per layer (0 without INN)
         self._change: np.ndarray | None = None  # largest one-step change seen, per layer
@@ -207,19 +210,16 @@ class OnlineVerifier:
 
     def _observe(self, network: Network) -> int | None:
         """First layer whose weights changed since the last step (None: none, -1: new shape)."""
-        old = self._network
+        old, params = self._network, _parameters(network)
         if old is None:
+            self._params = params
             return None
         if [w.shape for w in old.weights] != [w.shape for w in network.weights]:
+            self._params = params
             return -1
-        change = np.array(
-            [
-                max(np.abs(w - v).max(), np.abs(b - c).max())
-                for w, v, b, c in zip(
-                    network.weights, old.weights, network.biases, old.biases, strict=True
-                )
-            ]
-        )
+        per_array = np.maximum.reduceat(np.abs(params - self._params), _offsets(network))
+        change = per_array.reshape(-1, 2).max(axis=1)  # (weight, bias) per layer
+        self._params = params
         self._change = change if self._change is None else np.maximum(self._change, change)
         changed = np.flatnonzero(change)
         return int(changed[0]) if changed.size else None
@@ -230,6 +230,9 @@ class OnlineVerifier:
         self._lipschitz = None
         change = self._change if self._change is not None else np.zeros(len(network.weights))
         self._ranges = self.acc.inn * self._inn_scale * change
+        sizes = [w.size + b.size for w, b in zip(network.weights, network.biases, strict=True)]
+        self._centre_params = self._params
+        self._param_radius = np.repeat(self._ranges, sizes)
         self._radius = (
             [
                 (np.full(w.shape, r), np.full(b.shape, r))
@@ -239,21 +242,11 @@ class OnlineVerifier:
             else None
         )
 
-    def _weights_valid(self, network: Network) -> bool:
-        if self._centre is None:
+    def _weights_valid(self) -> bool:
+        """Whether the weights of the last observed network lie inside the interval network."""
+        if self._centre is None or self._params.size != self._centre_params.size:
             return False
-        centre = self._centre
-        return all(
-            np.abs(w - cw).max() <= r and np.abs(b - cb).max() <= r
-            for w, b, cw, cb, r in zip(
-                network.weights,
-                network.biases,
-                centre.weights,
-                centre.biases,
-                self._ranges,
-                strict=True,
-            )
-        )
+        return bool(np.all(np.abs(self._params - self._centre_params) <= self._param_radius))
 
     def _rebuild(self, inputs: InputSet, network: Network) -> int:
         self._interval(network)
@@ -273,6 +266,9 @@ class OnlineVerifier:
         self, inputs: InputSet, network: Network, first_changed: int | None, input_changed: bool
     ) -> tuple[int, int]:
         br = self.branches
+        weights_ok = first_changed is None or self._weights_valid()
+        if not input_changed and weights_ok and not (br.status == VIOLATED).any():
+            return len(br), 0  # every result still stands for the same set and weights
         basis = br.basis
         if input_changed or self._boxes is None:
             region = basis.inputs(inputs)
@@ -283,7 +279,6 @@ class OnlineVerifier:
             )
             self._boxes = (region, work_region, lo, hi, empty, *work)
         region, work_region, lo, hi, empty, work_lo, work_hi, work_empty = self._boxes
-        weights_ok = first_changed is None or self._weights_valid(network)
         same_box = np.all((work_lo == br.box_lo) & (work_hi == br.box_hi), axis=1)
         inside = np.all((lo >= br.box_lo) & (hi <= br.box_hi), axis=1)
         holding = br.verified
@@ -318,7 +313,7 @@ class OnlineVerifier:
                     method=self.method,
                     radius=u_radius,
                     start=layer,
-                    cached=br.inputs[layer].take(index) if layer else None,
+                    cached=[s.take(index) for s in br.inputs[: layer + 1]] if layer else None,
                 )
                 br.box_lo[index], br.box_hi[index] = work_lo[index], work_hi[index]
                 br.status[index], br.upper[index], br.point[index] = ev.status, ev.upper, ev.point
@@ -420,6 +415,21 @@ class OnlineVerifier:
         return float(np.mean((index >= 0) & br.verified[np.maximum(index, 0)]))
 
 
+def _arrays(network: Network) -> list[np.ndarray]:
+    """W_1, b_1, W_2, b_2, ...: the order of ``_parameters``."""
+    return [a for pair in zip(network.weights, network.biases, strict=True) for a in pair]
+
+
+def _parameters(network: Network) -> np.ndarray:
+    """Every weight and bias as one vector."""
+    return np.concatenate([a.ravel() for a in _arrays(network)])
+
+
+def _offsets(network: Network) -> np.ndarray:
+    """Where each weight and bias array starts in ``_parameters``."""
+    return np.cumsum([0, *(a.size for a in _arrays(network)[:-1])])
+
+
 def _same_set(a: InputSet, b: InputSet) -> bool:
     return (
         np.array_equal(a.lower, b.lower)
@@ -430,5 +440,7 @@ def _same_set(a: InputSet, b: InputSet) -> bool:
 
 
 def _put(layers: list[LayerInput], i: int, index: np.ndarray, state: LayerInput) -> None:
-    for name in ("low", "up", "lo", "hi"):
+    if layers[i].error.shape[1:] != state.error.shape[1:]:  # exact weights before: no error
+        layers[i] = replace(layers[i], error=np.zeros((len(layers[i].lo), *state.error.shape[1:])))
+    for name in LAYER_FIELDS:
         getattr(layers[i], name)[index] = getattr(state, name)
