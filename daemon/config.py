@@ -117,6 +117,11 @@ class IorRuleConfig(_Section):
         default=None,
         description="read the input from the decision's `features` object, in this order",
     )
+    embedding_onnx: Path | None = Field(
+        default=None,
+        description="map each input through this ONNX model (its first input to its first "
+        "output) and compare the embeddings",
+    )
     quantitative: bool = Field(
         default=False, description="add each alert's largest d_out / d_in within eps"
     )
@@ -142,6 +147,11 @@ class IorRuleConfig(_Section):
                 raise ValueError("features must name distinct inputs")
             if self.dim is not None and self.dim != len(self.features):
                 raise ValueError(f"dim is {self.dim}, features names {len(self.features)}")
+        if self.embedding_onnx is not None:
+            if self.input == "embedding":
+                raise ValueError("embedding_onnx maps x or features; input = 'embedding' is one")
+            if self.ignore or self.scale is not None:
+                raise ValueError("ignore and scale do not apply with embedding_onnx")
         dim = self.input_dim
         if dim is not None:
             if any(i >= dim for i in self.ignore):
@@ -321,7 +331,11 @@ def _resolve_paths(config: Config, base: Path) -> Config:
         }
     )
     updates["rules"] = [
-        r.model_copy(update={"onnx": fix(r.onnx)}) if getattr(r, "onnx", None) else r
+        r.model_copy(
+            update={
+                key: fix(getattr(r, key)) for key in ("onnx", "embedding_onnx") if hasattr(r, key)
+            }
+        )
         for r in config.rules
     ]
     if config.files is not None:

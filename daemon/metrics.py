@@ -64,7 +64,7 @@ class Metrics:
         )
         self.snapshots = Counter(
             "vigil_snapshots",
-            "State snapshots by outcome (written, loaded, skipped_corrupt).",
+            "State snapshots by outcome (written, loaded, skipped_corrupt, ignored_stale).",
             ["outcome"],
             registry=r,
         )

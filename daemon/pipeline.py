@@ -22,7 +22,7 @@ from connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
 from connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
 from daemon.alerts import now_iso
 from daemon.metrics import Metrics
-from daemon.rules import Rule, RuleResult
+from daemon.rules import Rule, RuleResult, StaleSnapshot
 from daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil.pipeline")
@@ -97,9 +97,14 @@ class Pipeline:
                     committed=committed,
                 )
             elif snapshot is not None:
-                rule.restore(tp, snapshot.blob)
-                applied = snapshot.offset
-                self.metrics.snapshots.labels("loaded").inc()
+                try:
+                    rule.restore(tp, snapshot.blob)
+                except StaleSnapshot as e:  # rebuilt from the start of the partition
+                    log.warning("snapshot_ignored", rule=rule.name, tp=tp, reason=str(e))
+                    self.metrics.snapshots.labels("ignored_stale").inc()
+                else:
+                    applied = snapshot.offset
+                    self.metrics.snapshots.labels("loaded").inc()
             self._apply_from[(rule.name, tp)] = applied
             start = min(start, applied)
         self._emit_from[tp] = committed or 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,13 @@ from daemon.metrics import Metrics
 from daemon.offload import OffloadPool
 from rules.ior import Monitor, MonitorSpec
 from rules.ior.backends import parse_backend
+from rules.ior.embedding import OnnxEmbedding
 from rules.reach.network import Network, load_checked
+
+
+class StaleSnapshot(ValueError):
+    """A snapshot made under a rule configuration that has changed since: the state is
+    rebuilt by replaying the partition instead."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,10 @@ class IorRule(Rule):
         self.config = config
         self.backend = config.backend
         self.monitors: dict[TopicPartition, Monitor] = {}
+        self.embedding: OnnxEmbedding | None = None
+        self.embedding_dim = 0
+        if config.embedding_onnx is not None:
+            self.embedding, self.embedding_dim = _read_embedding(config)
 
     def matches(self, decision: Decision) -> bool:
         return decision.record.topic == self.config.topic and (
@@ -163,7 +173,11 @@ class IorRule(Rule):
         if self.config.features is not None or self.config.input == "embedding":
             decisions = self._read_inputs(decisions, result)
         monitor = self.monitors.get(tp)
-        dim = monitor.spec.dim if monitor else self.config.input_dim or _first_length(decisions)
+        if self.embedding is not None:
+            dim = self.config.input_dim or self.embedding.input_dim
+        else:
+            dim = monitor.spec.dim if monitor else self.config.input_dim
+        dim = dim or _first_length(decisions)
         out_dim = monitor.spec.output_dim if monitor else _first_length(decisions, "y")
         good, x, y = self._validate(decisions, dim, out_dim, result)
         if not good:
@@ -171,7 +185,11 @@ class IorRule(Rule):
         if monitor is None:
             name, options = parse_backend(self.config.backend)
             monitor = self.monitors[tp] = Monitor(
-                self._spec(dim, out_dim), name, history_limit=self.config.history_limit, **options
+                self._spec(self.embedding_dim or dim, out_dim),
+                name,
+                self.embedding,
+                self.config.history_limit,
+                **options,
             )
         started = time.perf_counter()
         w = monitor.check_batch(x, y, [d.id for d in good])
@@ -248,10 +266,55 @@ class IorRule(Rule):
         return monitor.snapshot() if monitor else None
 
     def restore(self, tp: TopicPartition, blob: bytes) -> None:
-        self.monitors[tp] = Monitor.restore(blob)
+        """Continue from a snapshot; one taken under another comparison (spec fields or
+        embedding model) is refused with ``StaleSnapshot``. A new backend or history limit
+        applies to the restored history (every backend finds the same witnesses)."""
+        monitor = Monitor.restore(blob)
+        spec = monitor.spec
+        expected = self._spec(spec.dim, spec.output_dim)
+        changed = [
+            f.name
+            for f in fields(MonitorSpec)
+            if getattr(spec, f.name) != getattr(expected, f.name)
+        ]
+        saved = monitor.embedding.model_bytes if monitor.embedding else b""
+        if saved != (self.embedding.model_bytes if self.embedding else b""):
+            changed.append("embedding_onnx")
+        elif self.embedding is None and self.config.input_dim not in (None, spec.dim):
+            changed.append("dim")
+        if changed:
+            raise StaleSnapshot(f"the rule's {', '.join(changed)} changed since the snapshot")
+        monitor.history_limit = self.config.history_limit
+        monitor.use_backend(*parse_backend(self.config.backend))
+        self.monitors[tp] = monitor
 
     def drop(self, tp: TopicPartition) -> None:
         self.monitors.pop(tp, None)
+
+
+def _read_embedding(config: IorRuleConfig) -> tuple[OnnxEmbedding, int]:
+    """The rule's embedding model and its output width, or an error naming the rule."""
+    path, name = config.embedding_onnx, config.name
+    try:
+        embedding = OnnxEmbedding(Path(path).read_bytes())
+    except OSError as e:
+        raise ValueError(
+            f"rule {name!r}: cannot read embedding_onnx {path}: {e.strerror}"
+        ) from None
+    except ValueError as e:
+        raise ValueError(f"rule {name!r}: embedding_onnx {path}: {e}") from None
+    width = embedding.input_dim
+    if width is None and config.input_dim is None:
+        raise ValueError(
+            f"rule {name!r}: embedding_onnx {path} takes inputs of any width; set dim or features"
+        )
+    if width is not None and config.input_dim not in (None, width):
+        raise ValueError(
+            f"rule {name!r}: embedding_onnx {path} takes {width} features, the rule reads "
+            f"{config.input_dim}"
+        )
+    dim = embedding.dim or embedding(np.zeros((1, config.input_dim))).shape[1]
+    return embedding, dim
 
 
 def _first_length(decisions: list[Decision], field_name: str = "x") -> int:

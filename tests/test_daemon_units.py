@@ -22,6 +22,7 @@ from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, PipelineSettings
 from daemon.rules import IorRule
 from daemon.state import SnapshotStore
+from rules.reach.network import Network
 from tests.oracle import largest_ratios, witness_sets
 
 CONTRACT = """
@@ -439,3 +440,90 @@ def test_a_quantitative_rule_reports_and_filters_by_the_largest_ratio(tmp_path):
         validator.validate(a)
         r, j = ratios[a["decision"]["id"]]
         assert a["lipschitz"] == {"ratio": r if np.isfinite(r) else None, "witness": j}
+
+
+def _linear_embedding(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """An ONNX model y = W x whose outputs are exact in float32 on a 1/8 grid."""
+    w = np.array([[1.0, 1.0, 0.0], [0.0, 1.0, -1.0]]) / 2
+    path = tmp_path / "embed.onnx"
+    path.write_bytes(Network.from_arrays([(w, np.zeros(2))]).to_onnx())
+    return path, w
+
+
+def test_an_embedding_model_maps_the_inputs_before_they_are_compared(tmp_path):
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 8, size=(200, 3)) / 8
+    y = rng.integers(0, 2, size=200)
+    path, w = _linear_embedding(tmp_path)
+    events = [{"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])} for i in range(200)]
+    events[9]["x"] = [0.5, 0.5]  # the model takes three features
+    got, dead = _run_rule(tmp_path, events, embedding_onnx=str(path))
+    keep = [i for i in range(200) if i != 9]
+    truth = witness_sets(x[keep] @ w.T, y[keep], 0.25)
+    expected = {keep[n]: [keep[j] for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    raw = witness_sets(x[keep], y[keep], 0.25)
+    assert expected != {keep[n]: [keep[j] for j, _ in ws] for n, ws in enumerate(raw) if ws}
+    assert got == expected
+    assert [d["source"]["offset"] for d in dead] == [9]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"input": "embedding"}, "input = 'embedding'"),
+        ({"ignore": [0]}, "ignore and scale"),
+    ],
+)
+def test_embedding_onnx_options_are_validated(tmp_path, options, message):
+    path, _ = _linear_embedding(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(path), **options)
+
+
+def test_a_bad_embedding_model_is_named_at_startup(tmp_path):
+    path, _ = _linear_embedding(tmp_path)
+    with pytest.raises(ValueError, match=r"rule 'r': cannot read embedding_onnx .*gone.onnx"):
+        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(tmp_path / "gone.onnx"))
+    with pytest.raises(ValueError, match=r"rule 'r': embedding_onnx .* takes 3 features"):
+        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(path), dim=4)
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match=r"rule 'r': embedding_onnx .*junk.onnx"):
+        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(tmp_path / "junk.onnx"))
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "stale"),
+    [
+        ({}, {"eps": 0.125}, True),
+        ({}, {"metric": "l1"}, True),
+        ({"backend": "bruteforce"}, {"backend": "kdtree"}, False),
+    ],
+)
+def test_a_snapshot_taken_under_another_comparison_is_not_restored(tmp_path, first, then, stale):
+    """After a restart with a changed comparison, the partition is replayed from its start,
+    so decisions after the commit get the witnesses the new configuration defines; a new
+    backend only re-indexes the restored history."""
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 8, size=(300, 2)) / 8
+    y = rng.integers(0, 2, size=300)
+    values = _decisions(x, y)
+    store, sink = SnapshotStore(tmp_path), MemorySink()
+
+    async def run(limit: int, commits, options):
+        pipeline, source, _ = _pipeline(values[:limit], store, sink, **options)
+        source.commits = commits
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        await pipeline._flush_snapshots()
+        return source.commits, pipeline.metrics
+
+    commits, _ = asyncio.run(run(200, [], first))
+    sink.messages.clear()
+    _, metrics = asyncio.run(run(300, commits, {**first, **then}))
+    options = {"eps": 0.25, "metric": "linf", **then}
+    truth = witness_sets(x, y, options["eps"], metric=options["metric"])
+    expected = {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws and n >= 200}
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
+    ignored = metrics.snapshots.labels("ignored_stale")._value.get()
+    assert ignored == (1 if stale else 0)

@@ -67,6 +67,16 @@ class Monitor:
         self.history = History(spec)
         self.backend: Backend = BACKENDS[backend](spec, self.history, **options)
 
+    def use_backend(self, backend: str, options: dict[str, Any]) -> None:
+        """Index the history with another backend from now on (every backend finds the same
+        witnesses; they differ in speed)."""
+        if backend == self.backend.name and options == self.backend.options():
+            return
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+        self.backend = BACKENDS[backend](self.spec, self.history, **options)
+        self.backend.rebuild()
+
     @property
     def size(self) -> int:
         """Decisions in the history."""
