@@ -152,7 +152,9 @@ def schedule(scenario: str, base: Network, steps: int, seed: int) -> list[tuple[
     return out
 
 
-def run(method: str, spec: OutputSpec, steps: list, args: argparse.Namespace, cover: bool):
+def run(
+    method: str, spec: OutputSpec, steps: list, args: argparse.Namespace, cover: bool
+) -> tuple[float, list[float]]:
     """Mean seconds per step of one run, and its coverage per step (measured outside the
     timed steps) when ``cover``."""
     acc = Accelerations.parse(method, rsr=args.rsr, inn=args.inn_range)
