@@ -156,3 +156,22 @@ def test_a_violated_spec_is_reported_with_a_real_counterexample():
     result = OnlineVerifier(spec, max_branches=64).step(inputs, net)
     assert result.status == "violated"
     assert spec.violation(net.logits(np.array([result.counterexample])))[0] > 0
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_an_interval_too_wide_to_verify_is_halved_before_the_budget_is_spent(seed):
+    """An interval network at 500x the weight change cannot keep the coverage: it is refined
+    to at most 8x the exact network's branches, so the budget is never spent on it, and the
+    verifier stays sound."""
+    spec, steps = scenario(seed, "updates")
+    exact = [max_violation(net, inputs, spec)[0] for inputs, net in steps]
+    verifier = OnlineVerifier(
+        spec, max_branches=1000, accelerations=Accelerations.parse("bmw+inn", inn=500.0)
+    )
+    verifier.step(*steps[0])
+    rng = np.random.default_rng(seed)
+    for (inputs, net), worst in zip(steps[1:], exact[1:], strict=True):
+        result = verifier.step(inputs, net)
+        assert result.branches < 1000 or result.rebuilt
+        check_sound(verifier, result, inputs, net, spec, rng, worst)

@@ -42,6 +42,10 @@ from rules.reach.sets import InputSet, OutputSpec
 from rules.reach.symbolic import LAYER_FIELDS, LayerInput
 
 _MIN_INN_SCALE = 1 / 16
+_INN_BRANCH_FACTOR = 8
+"""An interval network may be refined to at most this many times the branches the exact
+network needed at its last rebuild: one that needs more costs more at every re-centring than
+the steps inside it save, so its range is halved instead."""
 ACCELERATIONS = ("bmi", "rsr", "lb", "bmw", "inn", "ic")
 
 
@@ -159,6 +163,7 @@ class OnlineVerifier:
         self._boxes: tuple | None = None  # the input set in u and the branches' boxes in it
         self._baseline_coverage = 0.0
         self._exact_coverage = 0.0  # coverage of the last rebuild without interval weights
+        self._exact_branches = 1  # and its number of branches
         self._inn_scale = 1.0  # halved while the interval network loses coverage
         self._rebuild_next = False
 
@@ -191,7 +196,7 @@ class OnlineVerifier:
         if rebuild:
             self._baseline_coverage = coverage
             if not self._ranges.any():
-                self._exact_coverage = coverage
+                self._exact_coverage, self._exact_branches = coverage, len(self.branches)
             elif coverage < self._exact_coverage - self.rebuild_drop:
                 shrink = True  # the interval is too wide to verify what the network satisfies
                 self._inn_scale = self._inn_scale / 2 if self._inn_scale > _MIN_INN_SCALE else 0.0
@@ -254,7 +259,7 @@ class OnlineVerifier:
             network,
             inputs,
             self.spec,
-            self.max_branches,
+            self._branch_limit(),
             method=self.method,
             radius=self._radius,
             relax=self.acc.rsr,
@@ -350,10 +355,11 @@ class OnlineVerifier:
         network: Network,
         radius: list[tuple[np.ndarray, np.ndarray]] | None,
     ) -> int:
-        """Bisect branches left unknown, within the branch budget; returns the branches computed."""
+        """Bisect branches left unknown, within the branch budget (smaller for an interval
+        network, see ``_INN_BRANCH_FACTOR``); returns the branches computed."""
         br = self.branches
         parents = np.flatnonzero(br.status == UNKNOWN)
-        budget = self.max_branches - (len(br) - parents.size)
+        budget = self._branch_limit() - (len(br) - parents.size)
         if parents.size == 0 or budget <= parents.size:
             return 0
         parts = grow(
@@ -373,6 +379,11 @@ class OnlineVerifier:
         if self._samples is not None:
             self._sample_branch = self.branches.locate(self._samples)
         return sum(p.split_lo.shape[0] for p in parts)
+
+    def _branch_limit(self) -> int:
+        if self._ranges.any():
+            return min(self.max_branches, _INN_BRANCH_FACTOR * self._exact_branches)
+        return self.max_branches
 
     def _lipschitz_tolerates(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Which branches' input drift (in u coordinates) their output margins absorb."""
