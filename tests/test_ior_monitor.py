@@ -124,3 +124,18 @@ def test_auto_picks_the_grid_for_tabular_and_brute_force_for_high_dimension():
     assert Monitor(MonitorSpec(dim=30, eps=0.1)).backend.chosen.name == "grid"
     assert Monitor(MonitorSpec(dim=3072, eps=0.1)).backend.chosen.name == "bruteforce"
     assert Monitor(MonitorSpec(dim=3072, eps=0.1)).backend.plan is None
+
+
+def test_use_backend_reindexes_the_history_only_when_it_changes():
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 4, size=(120, 3)) / 4
+    y = rng.integers(0, 2, size=120)
+    spec = MonitorSpec(dim=3, eps=0.25)
+    monitor = Monitor(spec, "parallel", blocks=3)
+    assert collect(monitor, x[:80], y[:80], 80) == witness_sets(x[:80], y[:80], 0.25)
+    backend = monitor.backend
+    monitor.use_backend("parallel", {"blocks": 3})  # the defaults left out: unchanged
+    assert monitor.backend is backend
+    monitor.use_backend("kdtree", {})
+    assert monitor.backend.name == "kdtree"
+    assert collect(monitor, x[80:], y[80:], 40) == witness_sets(x, y, 0.25)[80:]

@@ -69,8 +69,9 @@ class Monitor:
 
     def use_backend(self, backend: str, options: dict[str, Any]) -> None:
         """Index the history with another backend from now on (every backend finds the same
-        witnesses; they differ in speed)."""
-        if backend == self.backend.name and options == self.backend.options():
+        witnesses; they differ in speed). Options left out keep the backend's defaults."""
+        current = self.backend.options()
+        if backend == self.backend.name and all(current.get(k) == v for k, v in options.items()):
             return
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
