@@ -22,7 +22,7 @@ are rebuilt when the coverage rate falls ``rebuild_drop`` below its value after 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -451,7 +451,5 @@ def _same_set(a: InputSet, b: InputSet) -> bool:
 
 
 def _put(layers: list[LayerInput], i: int, index: np.ndarray, state: LayerInput) -> None:
-    if layers[i].error.shape[1:] != state.error.shape[1:]:  # exact weights before: no error
-        layers[i] = replace(layers[i], error=np.zeros((len(layers[i].lo), *state.error.shape[1:])))
     for name in LAYER_FIELDS:
         getattr(layers[i], name)[index] = getattr(state, name)
