@@ -215,16 +215,13 @@ class OnlineVerifier:
 
     def _observe(self, network: Network) -> int | None:
         """First layer whose weights changed since the last step (None: none, -1: new shape)."""
-        old, params = self._network, _parameters(network)
+        old, last, self._params = self._network, self._params, _parameters(network)
         if old is None:
-            self._params = params
             return None
         if [w.shape for w in old.weights] != [w.shape for w in network.weights]:
-            self._params = params
             return -1
-        per_array = np.maximum.reduceat(np.abs(params - self._params), _offsets(network))
+        per_array = np.maximum.reduceat(np.abs(self._params - last), _offsets(network))
         change = per_array.reshape(-1, 2).max(axis=1)  # (weight, bias) per layer
-        self._params = params
         self._change = change if self._change is None else np.maximum(self._change, change)
         changed = np.flatnonzero(change)
         return int(changed[0]) if changed.size else None
