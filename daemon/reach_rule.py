@@ -11,14 +11,18 @@ from urllib.request import url2pathname
 
 import numpy as np
 import orjson
+import structlog
 
 from connectors.base import OutMessage, TopicPartition
 from connectors.events import Decision, Record, encode
 from daemon.alerts import now_iso
 from daemon.config import ReachRuleConfig
 from daemon.offload import JobOutcome, OffloadPool
-from daemon.rules import Rule, RuleContext, RuleResult, read_model
+from daemon.rules import Rule, RuleContext, RuleResult, StaleSnapshot, read_model
 from rules.reach import worker
+from rules.reach.network import Network
+
+log = structlog.get_logger("vigil.reach")
 
 
 class ModelUpdateError(ValueError):
@@ -32,7 +36,11 @@ class ModelUpdateError(ValueError):
 class ReachRule(Rule):
     """The verifier state lives in a worker process of the rule's own one-process pool (so
     the event loop never computes a step); decisions and model updates arrive on their topics.
-    The input set is the box around the last ``window`` inputs, widened by ``eps``."""
+    The input set is the box around the last ``window`` inputs, widened by ``eps``.
+
+    The current model fixes the input width: decisions of another width are dead letters,
+    and a model of another width than the window's inputs empties the window (those inputs
+    are not in its input space)."""
 
     kind = "reach"
     stateful = True
@@ -55,6 +63,7 @@ class ReachRule(Rule):
         self.window: np.ndarray | None = None  # the last inputs, oldest first
         self.model: bytes | None = None
         self.version: str | None = None
+        self.input_dim: int | None = None  # the current model's
         self._sent: str | None = None  # the version the worker was last sent
         if config.onnx is not None:
             self.model, network = read_model(config.onnx, config.name)
@@ -64,6 +73,7 @@ class ReachRule(Rule):
                     f"outputs, the spec C has {len(config.C[0])} columns"
                 )
             self.version = f"file:{Path(config.onnx).name}"
+            self.input_dim = network.input_dim
 
     def wants_decisions(self, topic: str) -> bool:
         return topic == self.config.topic
@@ -78,7 +88,8 @@ class ReachRule(Rule):
         self, tp: TopicPartition, decisions: list[Decision], emit_from: int
     ) -> RuleResult:
         result = RuleResult()
-        dim = None if self.window is None else self.window.shape[1]
+        self._fit_window()
+        dim = self._input_width()
         x = _well_formed(decisions, dim)
         if x is None:  # some input is malformed: find which, one by one
             rows = []
@@ -108,9 +119,8 @@ class ReachRule(Rule):
                 if update is None:
                     continue  # another model's update
                 version, onnx = update
-                dim = None if self.window is None else self.window.shape[1]
                 outcome = await self.pool.submit(
-                    "reach.load", worker.check_model, onnx, dim, len(self.config.C[0])
+                    "reach.load", worker.check_model, onnx, len(self.config.C[0])
                 )
                 if outcome.status != "ok":
                     raise ModelUpdateError("model", f"model {version!r} rejected: {outcome.error}")
@@ -118,10 +128,31 @@ class ReachRule(Rule):
                 result.dead.append((record, e.reason, str(e)))
                 continue
             self.model, self.version = onnx, version
+            self.input_dim = outcome.value["input_dim"]
+            self._fit_window()
             result.checked += 1
             if record.offset >= emit_from and self.window is not None:
                 result.events.append(await self._step(record))
         return result
+
+    def _input_width(self) -> int | None:
+        """The width decisions must have: the model's, else the window's, else any."""
+        if self.input_dim is not None:
+            return self.input_dim
+        return None if self.window is None else self.window.shape[1]
+
+    def _fit_window(self) -> None:
+        """Empty a window whose inputs the current model cannot take."""
+        if self.window is None or self.input_dim in (None, self.window.shape[1]):
+            return
+        log.warning(
+            "reach_window_reset",
+            rule=self.name,
+            window_width=self.window.shape[1],
+            model_width=self.input_dim,
+            version=self.version,
+        )
+        self.window = None
 
     async def _step(self, trigger: Record) -> OutMessage:
         lower = self.window.min(axis=0) - self.config.eps
@@ -170,12 +201,23 @@ class ReachRule(Rule):
         return buffer.getvalue()
 
     def restore(self, tp: TopicPartition, blob: bytes) -> None:
+        """Continue from a snapshot. A window of another width than the current model's is
+        refused with ``StaleSnapshot`` (the partition is replayed instead); a restored model
+        of another width empties the window."""
         with np.load(io.BytesIO(blob)) as data:
             if "window" in data:
-                self.window = data["window"]
+                window = data["window"]
+                if self.input_dim not in (None, window.shape[1]):
+                    raise StaleSnapshot(
+                        f"the snapshot's inputs have {window.shape[1]} values, "
+                        f"the model takes {self.input_dim}"
+                    )
+                self.window = window[-self.config.window :]
             else:
                 self.model = data["model"].tobytes()
                 self.version = data["version"].tobytes().decode()
+                self.input_dim = Network.from_onnx(self.model).input_dim
+                self._fit_window()
 
     def drop(self, tp: TopicPartition) -> None:
         if tp[0] == self.config.topic:
