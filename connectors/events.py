@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -86,13 +87,27 @@ def _classify_undecodable(value: bytes, error: Exception) -> BadEvent:
     return BadEvent("non_finite", "NaN or Infinity in the event")
 
 
+PAYLOAD_LIMIT = 256 * 1024
+"""Original bytes kept in a dead letter: more would not fit Kafka's default 1 MiB message
+(and a dead letter that cannot be produced would stop the daemon); a longer payload is
+truncated, with its length and SHA-256 to match it against the source record."""
+
+
 def dead_letter(record: Record, reason: str, error: str, detected_at: str) -> dict[str, Any]:
-    """The dead-letter event for a record: its reason, coordinates and original bytes."""
+    """The dead-letter event for a record: its reason, coordinates and original bytes (the
+    first ``PAYLOAD_LIMIT`` of them)."""
     payload = record.value or b""
+    kept = payload[:PAYLOAD_LIMIT]
     try:
-        text: dict[str, str] = {"payload": payload.decode("utf-8")}
+        text: dict[str, Any] = {"payload": kept.decode("utf-8")}
     except UnicodeDecodeError:
-        text = {"payload_base64": base64.b64encode(payload).decode("ascii")}
+        text = {"payload_base64": base64.b64encode(kept).decode("ascii")}
+    if len(kept) < len(payload):
+        text.update(
+            payload_truncated=True,
+            payload_bytes=len(payload),
+            payload_sha256=hashlib.sha256(payload).hexdigest(),
+        )
     return {
         "kind": "dead_letter",
         "reason": reason,

@@ -64,6 +64,7 @@ class Pipeline:
         self._pending_writes: set[asyncio.Task] = set()
         self._committed: dict[TopicPartition, int] = {}
         self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
+        self.failed = False  # a delivery failed: nothing more is committed or snapshotted
 
     def _rules_for(self, topic: str) -> list[Rule]:
         return [r for r in self.rules if topic in r.topics]
@@ -184,14 +185,26 @@ class Pipeline:
     async def deliver_completed(self) -> None:
         """Deliver the results of finished offloaded jobs and commit what they released."""
         async with self._lock:
+            if self.failed:
+                return
             messages = [m for r in self.rules for m in r.completed()]
             offsets = self._commit_positions(list(self._emit_from))
-            if not messages and not offsets:
-                return
+            if messages or offsets:
+                await self._deliver(messages, offsets)
+
+    async def _deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
+        """Deliver outputs, then commit the offsets they answer. A failure leaves the
+        pipeline ``failed``: the positions already advanced past outputs that were not
+        delivered, so committing or snapshotting them later would lose those outputs; the
+        restart replays from the last commit instead."""
+        try:
             await self.sink.deliver(messages, offsets)
             if not self.sink.commits_offsets and offsets:
                 await self.source.commit(offsets)
-            self._committed.update(offsets)
+        except BaseException:
+            self.failed = True
+            raise
+        self._committed.update(offsets)
 
     def _commit_positions(self, tps: list[TopicPartition]) -> Offsets:
         """For each partition, the position up to which every record is fully answered
@@ -238,10 +251,7 @@ class Pipeline:
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
             offsets = self._commit_positions(list(positions))
-            await self.sink.deliver(messages, offsets)
-            if not self.sink.commits_offsets and offsets:
-                await self.source.commit(offsets)
-            self._committed.update(offsets)
+            await self._deliver(messages, offsets)
             for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
@@ -341,7 +351,7 @@ class Pipeline:
         """Snapshot every rule's state of ``tp`` at its committed offset (written in a
         thread; the bytes are taken now, so later batches do not leak in)."""
         offset = self._next.get(tp)
-        if offset is None:
+        if offset is None or self.failed:
             return
         for rule in self._rules_for(tp[0]):
             blob = rule.snapshot(tp)

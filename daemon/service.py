@@ -121,6 +121,9 @@ async def run_daemon(
     )
     try:
         await pipeline.run(stop, until_idle)
+    except Exception:
+        log.exception("pipeline_failed", delivery_failed=pipeline.failed)
+        raise
     finally:
         log.info("stopping", deadline_seconds=config.shutdown.deadline_seconds)
         deadline = config.shutdown.deadline_seconds

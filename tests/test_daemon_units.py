@@ -4,6 +4,7 @@ suppression after a restart (in-memory source and sink)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 from importlib.resources import files
@@ -14,13 +15,14 @@ import numpy as np
 import orjson
 import pytest
 
-from connectors.events import BadEvent, Record, dead_letter, decode_decision
+from connectors.events import BadEvent, Record, dead_letter, decode_decision, encode
 from connectors.memory import MemorySink, MemorySource
 from daemon.cli import main
 from daemon.config import ConfigError, load_config, parse_config
 from daemon.metrics import Metrics
 from daemon.pipeline import Pipeline, PipelineSettings
 from daemon.rules import IorRule
+from daemon.service import _shutdown
 from daemon.state import SnapshotStore
 from rules.reach.network import Network
 from tests.oracle import largest_ratios, witness_sets
@@ -117,6 +119,19 @@ def test_dead_letters_match_their_schema():
         event = dead_letter(Record("t", 3, 41, value), "undecodable", "bad", "now")
         validator.validate(event)
         assert event["source"] == {"topic": "t", "partition": 3, "offset": 41}
+
+
+def test_a_huge_dead_letter_keeps_a_bounded_prefix_and_the_payloads_digest():
+    """A dead letter must fit a Kafka message, or producing it would stop the daemon."""
+    validator = jsonschema.Draft202012Validator(schema("dead_letter"))
+    for value in (b"\xff" * 800_000, b"x" * 800_000):
+        event = dead_letter(Record("t", 0, 7, value), "undecodable", "bad", "now")
+        validator.validate(event)
+        assert len(encode(event)) < 2**20 * 0.9
+        assert event["payload_bytes"] == len(value) and event["payload_truncated"] is True
+        assert event["payload_sha256"] == hashlib.sha256(value).hexdigest()
+    small = dead_letter(Record("t", 0, 8, b"x" * 1000), "undecodable", "bad", "now")
+    assert small["payload"] == "x" * 1000 and "payload_truncated" not in small
 
 
 def test_snapshot_store_skips_corrupt_files(tmp_path):
@@ -527,3 +542,50 @@ def test_a_snapshot_taken_under_another_comparison_is_not_restored(tmp_path, fir
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
     ignored = metrics.snapshots.labels("ignored_stale")._value.get()
     assert ignored == (1 if stale else 0)
+
+
+class _FailingSink(MemorySink):
+    """Refuses its second delivery that carries messages, as a broker outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def deliver(self, messages, offsets) -> None:
+        self.calls += messages != []
+        if self.calls == 2 and messages:
+            raise ConnectionError("broker unavailable")
+        await super().deliver(messages, offsets)
+
+
+def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
+    """After a delivery fails, shutdown neither commits nor snapshots past it, so the restart
+    re-emits the alerts that never went out: every alert is delivered at least once."""
+    values = [
+        orjson.dumps({"id": i, "model": "m", "x": [0.0, 0.0], "y": i % 2}) for i in range(80)
+    ]  # batches of 37: the second one's delivery fails
+    store, sink = SnapshotStore(tmp_path), _FailingSink()
+
+    async def first_run():
+        pipeline, source, _ = _pipeline(values, store, sink, every=1)
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        with pytest.raises(ConnectionError):
+            await pipeline.run(asyncio.Event(), until_idle=True)
+        await _shutdown(pipeline, None, 1.0)
+        return source.commits
+
+    commits = asyncio.run(first_run())
+    delivered = {orjson.loads(m.value)["decision"]["id"] for m in sink.messages}
+    assert delivered == set(range(1, 37)) and commits[-1] == {("t", 0): 37}
+    newest, _ = store.load("r", ("t", 0))
+    assert newest.offset <= 37
+
+    async def restart():
+        pipeline, source, _ = _pipeline(values, store, sink)
+        source.commits = list(commits)
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(restart())
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert {a["decision"]["id"] for a in alerts} == set(range(1, 80))
