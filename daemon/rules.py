@@ -332,7 +332,7 @@ def _as_arrays(decisions, dim: int, out_dim: int, labels: bool):
         y = np.array([d.y for d in decisions])
     except ValueError:  # ragged
         return None, None
-    if x.dtype.kind not in "if" or x.shape != (len(decisions), dim):
+    if x.dtype.kind not in "if" or dim == 0 or x.shape != (len(decisions), dim):
         return None, None
     if labels and (y.dtype.kind != "i" or y.ndim != 1):
         return None, None
@@ -360,13 +360,13 @@ def _configured_input(event: dict[str, Any], config: IorRuleConfig) -> tuple[Any
 def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, str] | None:
     # booleans count as 0/1 here, as they do on the fast path (np.array), so that the
     # verdict on an event never depends on the batch it arrived in
-    if not isinstance(d.x, list) or not all(isinstance(v, int | float) for v in d.x):
-        return "schema", "x must be an array of numbers"
+    if not isinstance(d.x, list) or not d.x or not all(isinstance(v, int | float) for v in d.x):
+        return "schema", "x must be a non-empty array of numbers"
     if len(d.x) != dim:
         return "dimension", f"x has {len(d.x)} values, the rule expects {dim}"
     if labels:
-        if not isinstance(d.y, int):
-            return "schema", "y must be an integer label for this rule"
+        if not isinstance(d.y, int) or not -(2**63) <= d.y < 2**63:
+            return "schema", "y must be an integer label (64-bit) for this rule"
         return None
     if not isinstance(d.y, list) or not all(isinstance(v, int | float) for v in d.y):
         return "schema", "y must be an array of numbers (probabilities) for this rule"

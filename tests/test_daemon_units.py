@@ -589,3 +589,30 @@ def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
     asyncio.run(restart())
     alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
     assert {a["decision"]["id"] for a in alerts} == set(range(1, 80))
+
+
+def test_decisions_numpy_cannot_hold_are_dead_letters(tmp_path):
+    """Empty inputs on a fresh partition and labels beyond 64 bits used to stop the daemon;
+    they are dead letters and the decisions after them are still checked."""
+    bad = [
+        orjson.dumps({"id": "empty", "model": "m", "x": [], "y": 0}),
+        orjson.dumps({"id": "huge", "model": "m", "x": [0.0, 0.0], "y": 2**63}),
+    ]
+    good = _decisions(np.zeros((3, 2)), np.array([0, 1, 0]))
+    sink = MemorySink()
+
+    async def run(values):
+        pipeline, source, _ = _pipeline(values, SnapshotStore(tmp_path / str(len(values))), sink)
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run(bad[:1]))  # alone in its batch: no width known yet
+    asyncio.run(run(bad + good))
+    dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
+    assert [(d["source"]["offset"], d["reason"]) for d in dead] == [
+        (0, "schema"),
+        (0, "schema"),
+        (1, "schema"),
+    ]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert sorted(a["decision"]["id"] for a in alerts) == [1, 2]
