@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from rules.ior import Monitor, OutputKind, Witnesses
 
 
@@ -21,11 +23,14 @@ def witness_alerts(
     context: Callable[[int], tuple[str, dict[str, Any]]],
     output_value: Callable[[Any], Any],
     rows: Iterable[int] | None = None,
+    max_witnesses: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One alert per flagged decision of the batch (restricted to ``rows`` if given).
 
     ``context(i)`` gives the batch's i-th decision's model and its source coordinates
     (topic/partition/offset or file/row); ``output_value`` turns a stored output into JSON.
+    A witness set larger than ``max_witnesses`` keeps its nearest members (in history
+    order) and says so, so that an alert always fits a Kafka message.
     """
     spec = monitor.spec
     detected_at = now_iso()
@@ -37,6 +42,10 @@ def witness_alerts(
             continue
         position = witnesses.first + i
         index, distance = witnesses.of(i)
+        total = len(index)
+        if max_witnesses is not None and total > max_witnesses:
+            nearest = np.sort(np.argsort(distance, kind="stable")[:max_witnesses])
+            index, distance = index[nearest], distance[nearest]
         model, source = context(i)
         alert = {
             "rule": rule,
@@ -57,6 +66,8 @@ def witness_alerts(
             "source": source,
             "detected_at": detected_at,
         }
+        if len(index) < total:
+            alert.update(witness_count=total, witnesses_truncated=True)
         if witnesses.ratio is not None:
             alert["lipschitz"] = lipschitz(monitor, witnesses, i)
         yield alert

@@ -134,6 +134,11 @@ class IorRuleConfig(_Section):
         description="decisions kept per partition (the oldest quarter dropped when full); "
         "every decision if unset",
     )
+    max_witnesses: Annotated[int, Field(ge=1)] = Field(
+        default=1000,
+        description="witnesses per alert: a larger set keeps its nearest members and carries "
+        "witness_count and witnesses_truncated (so the alert fits a Kafka message)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> IorRuleConfig:

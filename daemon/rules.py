@@ -205,7 +205,15 @@ class IorRule(Rule):
                 return good[i].model, good[i].record.source
 
             result.alerts = list(
-                witness_alerts(self.name, monitor, w, context, _json_output, rows=emit)
+                witness_alerts(
+                    self.name,
+                    monitor,
+                    w,
+                    context,
+                    _json_output,
+                    rows=emit,
+                    max_witnesses=self.config.max_witnesses,
+                )
             )
         return result
 

@@ -616,3 +616,40 @@ def test_decisions_numpy_cannot_hold_are_dead_letters(tmp_path):
     ]
     alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
     assert sorted(a["decision"]["id"] for a in alerts) == [1, 2]
+
+
+def test_a_large_witness_set_keeps_its_nearest_members_and_says_so(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 8, size=(120, 2)) / 16
+    y = rng.integers(0, 2, size=120)
+    truth = witness_sets(x, y, 0.25)
+    sink = MemorySink()
+
+    async def run():
+        values = _decisions(x, y)
+        pipeline, source, _ = _pipeline(values, SnapshotStore(tmp_path), sink, max_witnesses=3)
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    alerts = {orjson.loads(m.value)["decision"]["id"]: orjson.loads(m.value) for m in sink.messages}
+    validator = jsonschema.Draft202012Validator(schema("alert"))
+    assert len(alerts) == sum(1 for ws in truth if ws)
+    cut = 0
+    for n, ws in enumerate(truth):
+        if not ws:
+            continue
+        alert = alerts[n]
+        validator.validate(alert)
+        distances = sorted(d for _, d in ws)
+        got = [(w["id"], w["distance"]) for w in alert["witnesses"]]
+        assert [j for j, _ in got] == sorted(j for j, _ in got)  # history order
+        assert len(got) == min(3, len(ws))
+        assert {j for j, _ in got} <= {j for j, _ in ws}
+        assert max(d for _, d in got) <= distances[min(3, len(ws)) - 1] + 1e-12
+        if len(ws) > 3:
+            cut += 1
+            assert alert["witness_count"] == len(ws) and alert["witnesses_truncated"] is True
+        else:
+            assert "witness_count" not in alert
+    assert cut > 10
