@@ -383,7 +383,13 @@ class Pipeline:
             await self._flush_snapshots()
 
     async def _update_lag(self) -> None:
-        lags = await self.source.lag()
+        """Refresh the consumer-lag gauges; a metric never stops the daemon (the client
+        refuses positions of partitions a rebalance took away meanwhile)."""
+        try:
+            lags = await self.source.lag()
+        except Exception as e:
+            log.warning("lag_unavailable", error=repr(e))
+            return
         async with self._lock:  # a partition revoked meanwhile must not get its series back
             for (topic, partition), lag in lags.items():
                 if (topic, partition) in self._emit_from:

@@ -653,3 +653,23 @@ def test_a_large_witness_set_keeps_its_nearest_members_and_says_so(tmp_path):
         else:
             assert "witness_count" not in alert
     assert cut > 10
+
+
+def test_a_failing_lag_query_does_not_stop_the_pipeline(tmp_path):
+    class Rebalancing(MemorySource):
+        async def lag(self):
+            raise AssertionError("Partition is not assigned")
+
+    values = _decisions(np.zeros((3, 2)), np.array([0, 1, 0]))
+    sink = MemorySink()
+
+    async def run():
+        pipeline, _, _ = _pipeline([], SnapshotStore(tmp_path), sink)
+        source = Rebalancing("t", values)
+        pipeline.source = source
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        return source.commits
+
+    assert asyncio.run(run())[-1] == {("t", 0): 3}
+    assert sorted(orjson.loads(m.value)["decision"]["id"] for m in sink.messages) == [1, 2]
