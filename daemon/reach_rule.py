@@ -119,11 +119,16 @@ class ReachRule(Rule):
                 if update is None:
                     continue  # another model's update
                 version, onnx = update
-                outcome = await self.pool.submit(
-                    "reach.load", worker.check_model, onnx, len(self.config.C[0])
-                )
-                if outcome.status != "ok":
+                outcome = await self._check_model(onnx)
+                if outcome.status == "invalid":
                     raise ModelUpdateError("model", f"model {version!r} rejected: {outcome.error}")
+                if outcome.status != "ok":
+                    raise ModelUpdateError(
+                        "model",
+                        f"model {version!r} could not be checked ({outcome.error}), twice; "
+                        "the rule keeps the previous model (raise timeout_seconds if the "
+                        "model is large, and publish the update again)",
+                    )
             except ModelUpdateError as e:
                 result.dead.append((record, e.reason, str(e)))
                 continue
@@ -134,6 +139,18 @@ class ReachRule(Rule):
             if record.offset >= emit_from and self.window is not None:
                 result.events.append(await self._step(record))
         return result
+
+    async def _check_model(self, onnx: bytes) -> JobOutcome:
+        """Load and check a model in the lane; a timeout or a dead worker (the lane is
+        replaced) is tried once more before the update is given up."""
+        outcome = await self.pool.submit(
+            "reach.load", worker.check_model, onnx, len(self.config.C[0])
+        )
+        if outcome.status in ("timeout", "error"):
+            outcome = await self.pool.submit(
+                "reach.load", worker.check_model, onnx, len(self.config.C[0])
+            )
+        return outcome
 
     def _input_width(self) -> int | None:
         """The width decisions must have: the model's, else the window's, else any."""

@@ -15,7 +15,9 @@ from daemon.metrics import Metrics
 from daemon.offload import OffloadPool, process_executor
 from daemon.reach_rule import ReachRule
 from daemon.rules import RuleContext, StaleSnapshot
+from rules.reach import worker
 from rules.reach.network import Network
+from tests import offload_jobs
 
 DECISIONS, MODELS = ("decisions", 0), ("models", 0)
 
@@ -115,3 +117,14 @@ async def test_a_snapshot_of_another_width_is_not_restored(make_rule):
     assert older.version == "2" and older.window is None
     older.restore(DECISIONS, window)
     assert older.window.shape == (4, 4)
+
+
+async def test_a_model_check_whose_worker_died_is_tried_again(make_rule, tmp_path, monkeypatch):
+    """A worker that dies while checking an update (an out-of-memory kill, say) does not
+    make a good model a dead letter."""
+    monkeypatch.setenv("VIGIL_TEST_MARKER", str(tmp_path / "crashed"))
+    monkeypatch.setattr(worker, "check_model", offload_jobs.check_model_after_a_crash)
+    rule = make_rule()
+    result = await rule.handle(MODELS, [update("2", network(3, 1), 0)], 0)
+    assert (tmp_path / "crashed").exists()
+    assert result.checked == 1 and not result.dead and rule.version == "2"
