@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
@@ -143,13 +144,12 @@ class ReachRule(Rule):
     async def _check_model(self, onnx: bytes) -> JobOutcome:
         """Load and check a model in the lane; a timeout or a dead worker (the lane is
         replaced) is tried once more before the update is given up."""
-        outcome = await self.pool.submit(
-            "reach.load", worker.check_model, onnx, len(self.config.C[0])
+        check = partial(
+            self.pool.submit, "reach.load", worker.check_model, onnx, len(self.config.C[0])
         )
+        outcome = await check()
         if outcome.status in ("timeout", "error"):
-            outcome = await self.pool.submit(
-                "reach.load", worker.check_model, onnx, len(self.config.C[0])
-            )
+            outcome = await check()
         return outcome
 
     def _input_width(self) -> int | None:
