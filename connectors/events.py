@@ -79,12 +79,21 @@ def decode_decision(record: Record) -> Decision:
 
 
 def _classify_undecodable(value: bytes, error: Exception) -> BadEvent:
-    """Tell NaN/Infinity literals (valid for many JSON writers) from garbage."""
+    """Tell NaN/Infinity literals (valid for many JSON writers) from garbage, such as a lone
+    surrogate escape that Python's parser accepts but orjson rightly does not."""
+    constants: list[str] = []
+
+    def constant(name: str) -> float:
+        constants.append(name)
+        return math.nan
+
     try:
-        json.loads(value, parse_constant=lambda c: math.nan)
+        json.loads(value, parse_constant=constant)
     except (ValueError, UnicodeDecodeError):
+        constants.clear()
+    if not constants:
         return BadEvent("undecodable", f"not valid JSON: {error}")
-    return BadEvent("non_finite", "NaN or Infinity in the event")
+    return BadEvent("non_finite", f"{constants[0]} in the event")
 
 
 PAYLOAD_LIMIT = 256 * 1024

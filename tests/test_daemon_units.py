@@ -113,6 +113,21 @@ def test_decoder_agrees_with_the_decision_schema():
         assert accepted == validator.is_valid(sample), sample
 
 
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b'{"id": 1, "model": "m", "x": [NaN], "y": 1}', "non_finite"),
+        (b'{"id": 1, "model": "m", "x": [-Infinity], "y": 1}', "non_finite"),
+        (b'{"id": "\\ud800", "model": "m", "x": [0.1], "y": 1}', "undecodable"),
+        (b'{"id": 1, "model": "m", "x": [NaN], "y": 1', "undecodable"),
+    ],
+)
+def test_undecodable_events_are_told_from_non_finite_numbers(value, reason):
+    with pytest.raises(BadEvent) as caught:
+        decode_decision(Record("t", 0, 0, value))
+    assert caught.value.reason == reason
+
+
 def test_dead_letters_match_their_schema():
     validator = jsonschema.Draft202012Validator(schema("dead_letter"))
     for value in (b"\xff\x00", b'{"id": 1}'):
