@@ -34,6 +34,9 @@ class Source(Protocol):
     async def committed(self, tp: TopicPartition) -> int | None:
         """The committed next offset of a partition, or None if nothing was committed."""
 
+    async def start_offset(self, tp: TopicPartition) -> int:
+        """Where a partition with no committed offset is read from (the reset policy)."""
+
     async def seek(self, tp: TopicPartition, offset: int) -> None: ...
 
     async def lag(self) -> dict[TopicPartition, int]:

@@ -59,6 +59,9 @@ class JsonLinesSource:
         except FileNotFoundError:
             return None
 
+    async def start_offset(self, tp: TopicPartition) -> int:
+        return 0
+
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         self._next = offset
 

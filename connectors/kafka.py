@@ -53,6 +53,7 @@ class KafkaSource:
             fetch_max_wait_ms=fetch_max_wait_ms,
         )
         self.group_id = group_id
+        self._reset = auto_offset_reset
 
     async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
         await self._consumer.start()
@@ -72,6 +73,14 @@ class KafkaSource:
 
     async def committed(self, tp: TopicPartition) -> int | None:
         return await self._consumer.committed(KafkaTP(*tp))
+
+    async def start_offset(self, tp: TopicPartition) -> int:
+        """The partition's first retained offset, or its end with ``auto_offset_reset =
+        "latest"``."""
+        ktp = KafkaTP(*tp)
+        if self._reset == "latest":
+            return (await self._consumer.end_offsets([ktp]))[ktp]
+        return (await self._consumer.beginning_offsets([ktp]))[ktp]
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         if offset == 0:

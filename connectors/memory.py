@@ -30,6 +30,9 @@ class MemorySource:
     async def committed(self, tp: TopicPartition) -> int | None:
         return self.commits[-1].get(tp) if self.commits else None
 
+    async def start_offset(self, tp: TopicPartition) -> int:
+        return 0
+
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         self._next = offset
 

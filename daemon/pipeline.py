@@ -78,37 +78,37 @@ class Pipeline:
             self.metrics.assigned_partitions.set(len(self.source.assignment()))
 
     async def _recover(self, tp: TopicPartition) -> None:
-        """Restore each rule's newest snapshot and seek to the oldest one's offset."""
+        """Restore each rule's newest snapshot at or before the committed offset and seek to
+        the oldest one's offset. A partition with no committed offset starts where the
+        source's reset policy says (its first record, or its end for ``latest``)."""
         committed = await self.source.committed(tp)
-        start = committed or 0
+        position = committed if committed is not None else await self.source.start_offset(tp)
+        start = position
         for rule in self._rules_for(tp[0]):
             if not rule.stateful:
-                self._apply_from[(rule.name, tp)] = committed or 0
+                self._apply_from[(rule.name, tp)] = position
                 continue
-            snapshot, skipped = self.store.load(rule.name, tp)
+            snapshot, skipped = self.store.load(rule.name, tp, at_most=committed)
             if skipped:
                 self.metrics.snapshots.labels("skipped_corrupt").inc(skipped)
-            applied = 0
-            if snapshot is not None and committed is not None and snapshot.offset > committed:
-                log.warning(
-                    "snapshot_ahead_of_commit_ignored",
-                    rule=rule.name,
-                    tp=tp,
-                    snapshot=snapshot.offset,
-                    committed=committed,
-                )
-            elif snapshot is not None:
+            applied = None
+            if snapshot is not None:
                 try:
                     rule.restore(tp, snapshot.blob)
-                except StaleSnapshot as e:  # rebuilt from the start of the partition
+                except StaleSnapshot as e:  # rebuilt from the rule's origin
                     log.warning("snapshot_ignored", rule=rule.name, tp=tp, reason=str(e))
                     self.metrics.snapshots.labels("ignored_stale").inc()
                 else:
                     applied = snapshot.offset
                     self.metrics.snapshots.labels("loaded").inc()
+            if applied is None:
+                applied = self.store.origin(rule.name, tp)
+                if committed is None and position > applied:
+                    self.store.mark_origin(rule.name, tp, position)
+                    applied = position
             self._apply_from[(rule.name, tp)] = applied
             start = min(start, applied)
-        self._emit_from[tp] = committed or 0
+        self._emit_from[tp] = position
         self._committed[tp] = committed or 0
         self._next[tp] = start
         self._snapshot_at[tp] = time.monotonic()

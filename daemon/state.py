@@ -21,6 +21,7 @@ from connectors.files import atomic_write
 log = structlog.get_logger("vigil.state")
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_ORIGIN = "origin.json"
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,44 @@ class SnapshotStore:
             old.unlink(missing_ok=True)
         return path
 
-    def load(self, rule: str, tp: TopicPartition) -> tuple[Snapshot | None, int]:
-        """The newest valid snapshot (or None) and how many corrupt ones were skipped."""
+    def load(
+        self, rule: str, tp: TopicPartition, at_most: int | None = None
+    ) -> tuple[Snapshot | None, int]:
+        """The newest valid snapshot (or None) at offset ``at_most`` or before, and how many
+        corrupt ones were skipped. A snapshot past ``at_most`` (the committed offset: its
+        records' outputs may not have been delivered, or the group's offsets were reset
+        back) is removed in favour of an older one."""
         skipped = 0
         for path in sorted(self._dir(rule, tp).glob("*.snap"), reverse=True):
+            if at_most is not None and path.stem.isdigit() and int(path.stem) > at_most:
+                # the replay will take newer ones; left here, this would outlive them
+                log.info("snapshot_ahead_of_commit_removed", path=str(path), committed=at_most)
+                path.unlink(missing_ok=True)
+                continue
             snapshot = _read(path)
-            if snapshot is not None:
+            if snapshot is not None and (at_most is None or snapshot.offset <= at_most):
                 return snapshot, skipped
             skipped += 1
             log.warning("snapshot_corrupt_skipped", path=str(path))
         return None, skipped
+
+    def origin(self, rule: str, tp: TopicPartition) -> int:
+        """Where ``rule``'s state of ``tp`` begins when no snapshot holds it: 0, or the
+        offset recorded by ``mark_origin``."""
+        path = self._dir(rule, tp) / _ORIGIN
+        try:
+            return int(orjson.loads(path.read_bytes())["offset"])
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("origin_corrupt_ignored", path=str(path))
+            return 0
+
+    def mark_origin(self, rule: str, tp: TopicPartition, offset: int) -> None:
+        """Record that ``rule``'s state of ``tp`` begins at ``offset`` (a group that started
+        at the end of the partition), so a restart before the first snapshot replays from
+        there rather than from the partition's first record."""
+        atomic_write(self._dir(rule, tp) / _ORIGIN, orjson.dumps({"offset": offset}))
 
 
 def _read(path: Path) -> Snapshot | None:

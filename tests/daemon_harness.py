@@ -49,11 +49,14 @@ def witness_map(alerts: list[dict]) -> dict[str, list[str]]:
     return {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
 
 
-def expected_alerts(x: np.ndarray, y: np.ndarray, eps: float) -> dict[str, list[str]]:
-    """Offline result: decision id -> witness ids (what `vigil replay` computes)."""
+def expected_alerts(
+    x: np.ndarray, y: np.ndarray, eps: float, first: int = 0
+) -> dict[str, list[str]]:
+    """Offline result: decision id -> witness ids (what `vigil replay` computes), for the
+    stream of decisions ``first`` and after."""
     monitor = Monitor(MonitorSpec(dim=x.shape[1], eps=eps))
-    w = monitor.check_batch(x, y, [f"d{i}" for i in range(len(x))])
-    return {f"d{i}": monitor.ids(w.of(int(i))[0]) for i in w.flagged}
+    w = monitor.check_batch(x[first:], y[first:], [f"d{i}" for i in range(first, len(x))])
+    return {f"d{first + i}": monitor.ids(w.of(int(i))[0]) for i in w.flagged}
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Daemon:
     snapshot_every_events: int = 100_000
     extra_rules: str = ""  # more [[rules]] (TOML), with {tag} standing for this run's tag
     offload_workers: int = 2
+    auto_offset_reset: str = "earliest"
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     proc: subprocess.Popen | None = None
     port: int = field(default_factory=free_port)
@@ -103,6 +107,7 @@ group_id = "vigil-{self.tag}"
 exactly_once = {str(self.exactly_once).lower()}
 fetch_timeout_ms = 100
 session_timeout_ms = 6000
+auto_offset_reset = "{self.auto_offset_reset}"
 
 [outputs]
 alerts_topic = "{self.alerts_topic}"

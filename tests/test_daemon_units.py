@@ -170,8 +170,9 @@ def _decisions(x: np.ndarray, y: np.ndarray) -> list[bytes]:
     ]
 
 
-def _pipeline(values, store, sink=None, every=50, **options):
-    """An ior rule (eps 0.25, ``options`` added) over a memory source in batches of 37."""
+def _pipeline(values, store, sink=None, every=50, source=None, **options):
+    """An ior rule (eps 0.25, ``options`` added) over a memory source (``source``, or one
+    serving ``values``) in batches of 37."""
     rule = IorRule(
         parse_config(
             {
@@ -181,7 +182,7 @@ def _pipeline(values, store, sink=None, every=50, **options):
             }
         ).rules[0]
     )
-    source = MemorySource("t", values)
+    source = source or MemorySource("t", values)
     settings = PipelineSettings("alerts", "dead", max_batch=37, snapshot_every_events=every)
     pipeline = Pipeline([rule], source, sink or MemorySink(), store, Metrics(), settings)
     return pipeline, source, rule
@@ -218,6 +219,101 @@ def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_pat
     validator = jsonschema.Draft202012Validator(schema("alert"))
     for alert in alerts:
         validator.validate(alert)
+
+
+def test_snapshot_store_falls_back_past_snapshots_ahead_of_the_commit(tmp_path):
+    store = SnapshotStore(tmp_path, keep=3)
+    for offset in (10, 20, 30):
+        store.save("r", ("t", 0), offset, str(offset).encode())
+    assert store.load("r", ("t", 0), at_most=30)[0].blob == b"30"
+    assert store.load("r", ("t", 0), at_most=25)[0].blob == b"20"
+    # the replay from 20 will save 25: the earlier run's 30 must not outlive it as "newest"
+    store.save("r", ("t", 0), 25, b"25")
+    assert store.load("r", ("t", 0))[0].blob == b"25"
+    assert store.load("r", ("t", 0), at_most=9) == (None, 0)
+    assert store.origin("r", ("t", 0)) == 0
+    store.mark_origin("r", ("t", 0), 7)
+    assert store.origin("r", ("t", 0)) == 7
+
+
+def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
+    """A snapshot past the commit (its records' alerts were never delivered) is passed over
+    for an older one, not for a replay of the whole partition."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    values = _decisions(x, y)
+    truth = witness_sets(x, y, 0.25)
+    expected = {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+    pipeline, source, _ = _pipeline(values[:200], store, sink)
+
+    async def first_run():
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        await pipeline.snapshot_all()
+
+    asyncio.run(first_run())
+    saved = sorted(int(p.stem) for p in (tmp_path / "r" / "t.0").glob("*.snap"))
+    assert len(saved) == 3 and saved[-1] == 200
+    commit = (saved[0] + saved[1]) // 2  # as if the last batches' alerts were never delivered
+    sink.messages = [
+        m
+        for m in sink.messages
+        if m.topic != "alerts" or orjson.loads(m.value)["decision"]["id"] < commit
+    ]
+    pipeline, source, _ = _pipeline(values, store, sink)
+    source.commits = [{("t", 0): commit}]
+
+    async def second_run():
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        assert source._next == saved[0]  # the newest snapshot at or before the commit
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(second_run())
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
+    assert len(alerts) == len(expected)
+
+
+class _AtTheEnd(MemorySource):
+    """A source whose reset policy starts a partition without a commit at ``start``."""
+
+    def __init__(self, topic: str, values: list[bytes], start: int) -> None:
+        super().__init__(topic, values)
+        self.start_at = start
+
+    async def start_offset(self, tp) -> int:
+        return self.start_at
+
+
+def test_a_group_starting_at_the_end_keeps_its_origin_across_a_restart(tmp_path):
+    """``auto_offset_reset = "latest"``: the backlog before the start is neither checked nor
+    part of the history, also when a restart before the first snapshot replays."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    values = _decisions(x, y)
+    origin = 120
+    truth = witness_sets(x[origin:], y[origin:], 0.25)
+    expected = {origin + n: [origin + j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+
+    async def run(limit: int, commits: list) -> list:
+        source = _AtTheEnd("t", values[:limit], origin)
+        source.commits = commits
+        pipeline, _, _ = _pipeline(values, store, sink, every=10**9, source=source)
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        return source.commits  # no snapshot was taken: the restart must replay
+
+    commits = asyncio.run(run(200, []))
+    assert commits[-1] == {("t", 0): 200}
+    assert not list(tmp_path.rglob("*.snap"))
+    asyncio.run(run(300, commits))
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
+    assert len(alerts) == len(expected)
 
 
 def test_example_configs_are_valid():
