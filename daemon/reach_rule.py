@@ -37,11 +37,13 @@ class ModelUpdateError(ValueError):
 class ReachRule(Rule):
     """The verifier state lives in a worker process of the rule's own one-process pool (so
     the event loop never computes a step); decisions and model updates arrive on their topics.
-    The input set is the box around the last ``window`` inputs, widened by ``eps``.
+    Each assigned partition of the decisions topic keeps a window of its last ``window``
+    inputs (snapshotted, restored and dropped with its partition); the input set is the box
+    around every window's inputs, widened by ``eps``.
 
     The current model fixes the input width: decisions of another width are dead letters,
-    and a model of another width than the window's inputs empties the window (those inputs
-    are not in its input space)."""
+    and a model of another width than the windows' inputs empties them (those inputs are not
+    in its input space)."""
 
     kind = "reach"
     stateful = True
@@ -61,7 +63,7 @@ class ReachRule(Rule):
             "inn_range": config.inn_range,
             "rsr_gamma": config.rsr_gamma,
         }
-        self.window: np.ndarray | None = None  # the last inputs, oldest first
+        self.windows: dict[TopicPartition, np.ndarray] = {}  # last inputs, oldest first
         self.model: bytes | None = None
         self.version: str | None = None
         self.input_dim: int | None = None  # the current model's
@@ -83,13 +85,13 @@ class ReachRule(Rule):
         return decision.model == self.config.model
 
     def history_size(self, tp: TopicPartition) -> int:
-        return 0 if self.window is None else len(self.window)
+        return len(self.windows.get(tp, ()))
 
     async def check(
         self, tp: TopicPartition, decisions: list[Decision], emit_from: int
     ) -> RuleResult:
         result = RuleResult()
-        self._fit_window()
+        self._fit_windows()
         dim = self._input_width()
         x = _well_formed(decisions, dim)
         if x is None:  # some input is malformed: find which, one by one
@@ -104,8 +106,9 @@ class ReachRule(Rule):
             if not rows:
                 return result
             x = np.array(rows, dtype=np.float64)
-        stack = x if self.window is None else np.vstack([self.window, x])
-        self.window = stack[-self.config.window :]
+        window = self.windows.get(tp)
+        stack = x if window is None else np.vstack([window, x])
+        self.windows[tp] = stack[-self.config.window :]
         result.checked = len(x)
         if decisions[-1].record.offset >= emit_from and self.model is not None:
             result.events.append(await self._step(decisions[-1].record))
@@ -135,9 +138,9 @@ class ReachRule(Rule):
                 continue
             self.model, self.version = onnx, version
             self.input_dim = outcome.value["input_dim"]
-            self._fit_window()
+            self._fit_windows()
             result.checked += 1
-            if record.offset >= emit_from and self.window is not None:
+            if record.offset >= emit_from and self.windows:
                 result.events.append(await self._step(record))
         return result
 
@@ -153,27 +156,30 @@ class ReachRule(Rule):
         return outcome
 
     def _input_width(self) -> int | None:
-        """The width decisions must have: the model's, else the window's, else any."""
+        """The width decisions must have: the model's, else the windows', else any."""
         if self.input_dim is not None:
             return self.input_dim
-        return None if self.window is None else self.window.shape[1]
+        return next((w.shape[1] for w in self.windows.values()), None)
 
-    def _fit_window(self) -> None:
-        """Empty a window whose inputs the current model cannot take."""
-        if self.window is None or self.input_dim in (None, self.window.shape[1]):
-            return
-        log.warning(
-            "reach_window_reset",
-            rule=self.name,
-            window_width=self.window.shape[1],
-            model_width=self.input_dim,
-            version=self.version,
-        )
-        self.window = None
+    def _fit_windows(self) -> None:
+        """Empty the windows whose inputs the current model cannot take."""
+        for tp, window in list(self.windows.items()):
+            if self.input_dim in (None, window.shape[1]):
+                continue
+            log.warning(
+                "reach_window_reset",
+                rule=self.name,
+                tp=tp,
+                window_width=window.shape[1],
+                model_width=self.input_dim,
+                version=self.version,
+            )
+            del self.windows[tp]
 
     async def _step(self, trigger: Record) -> OutMessage:
-        lower = self.window.min(axis=0) - self.config.eps
-        upper = self.window.max(axis=0) + self.config.eps
+        windows = list(self.windows.values())
+        lower = np.min([w.min(axis=0) for w in windows], axis=0) - self.config.eps
+        upper = np.max([w.max(axis=0) for w in windows], axis=0) + self.config.eps
         outcome = await self._submit(lower, upper, resend=self._sent != self.version)
         if outcome.status == "ok" and outcome.value.get("need_model"):
             outcome = await self._submit(lower, upper, resend=True)
@@ -182,7 +188,7 @@ class ReachRule(Rule):
             "rule": self.name,
             "model": self.config.model,
             "version": self.version,
-            "decisions": len(self.window),
+            "decisions": sum(len(w) for w in windows),
             "input_set": {"lower": lower.tolist(), "upper": upper.tolist()},
             "source": trigger.source,
             "verified_at": now_iso(),
@@ -208,8 +214,8 @@ class ReachRule(Rule):
 
     def snapshot(self, tp: TopicPartition) -> bytes | None:
         buffer = io.BytesIO()
-        if tp[0] == self.config.topic and self.window is not None:
-            np.savez(buffer, window=self.window)
+        if tp[0] == self.config.topic and tp in self.windows:
+            np.savez(buffer, window=self.windows[tp])
         elif tp[0] == self.config.models_topic and self.model is not None:
             version = np.frombuffer(self.version.encode(), dtype=np.uint8)
             np.savez(buffer, model=np.frombuffer(self.model, dtype=np.uint8), version=version)
@@ -229,16 +235,15 @@ class ReachRule(Rule):
                         f"the snapshot's inputs have {window.shape[1]} values, "
                         f"the model takes {self.input_dim}"
                     )
-                self.window = window[-self.config.window :]
+                self.windows[tp] = window[-self.config.window :]
             else:
                 self.model = data["model"].tobytes()
                 self.version = data["version"].tobytes().decode()
                 self.input_dim = Network.from_onnx(self.model).input_dim
-                self._fit_window()
+                self._fit_windows()
 
     def drop(self, tp: TopicPartition) -> None:
-        if tp[0] == self.config.topic:
-            self.window = None
+        self.windows.pop(tp, None)
 
     def close(self) -> None:
         self.pool.shutdown()

@@ -64,10 +64,10 @@ def make_rule(tmp_path):
         p.shutdown()
 
 
-def decisions(x: np.ndarray, first: int) -> list:
+def decisions(x: np.ndarray, first: int, tp: tuple[str, int] = DECISIONS) -> list:
     return [
         decode_decision(
-            Record(*DECISIONS, first + i, orjson.dumps({"id": i, "model": "m", "x": row, "y": 0}))
+            Record(*tp, first + i, orjson.dumps({"id": i, "model": "m", "x": row, "y": 0}))
         )
         for i, row in enumerate(x.tolist())
     ]
@@ -88,7 +88,7 @@ async def test_a_model_of_another_width_replaces_the_window(make_rule):
 
     result = await rule.handle(MODELS, [update("2", network(4, 1), 0)], 0)
     assert result.checked == 1 and not result.dead and not result.events  # nothing to verify
-    assert rule.version == "2" and rule.window is None
+    assert rule.version == "2" and not rule.windows
 
     old = await rule.check(DECISIONS, decisions(rng.uniform(size=(2, 3)), 5), 0)
     assert [reason for _, reason, _ in old.dead] == ["dimension", "dimension"]
@@ -109,14 +109,14 @@ async def test_a_snapshot_of_another_width_is_not_restored(make_rule):
     restarted = make_rule()  # its configured model takes 3 inputs
     with pytest.raises(StaleSnapshot, match="inputs have 4 values, the model takes 3"):
         restarted.restore(DECISIONS, window)
-    assert restarted.window is None
+    assert not restarted.windows
 
     older = make_rule()
     await older.check(DECISIONS, decisions(np.ones((2, 3)), 0), 0)
     older.restore(MODELS, model)
-    assert older.version == "2" and older.window is None
+    assert older.version == "2" and not older.windows
     older.restore(DECISIONS, window)
-    assert older.window.shape == (4, 4)
+    assert older.windows[DECISIONS].shape == (4, 4)
 
 
 async def test_a_model_check_whose_worker_died_is_tried_again(make_rule, tmp_path, monkeypatch):
@@ -128,3 +128,26 @@ async def test_a_model_check_whose_worker_died_is_tried_again(make_rule, tmp_pat
     result = await rule.handle(MODELS, [update("2", network(3, 1), 0)], 0)
     assert (tmp_path / "crashed").exists()
     assert result.checked == 1 and not result.dead and rule.version == "2"
+
+
+async def test_each_partition_keeps_its_own_window(make_rule):
+    """The input set covers every assigned partition's window; a snapshot holds, and a
+    restore or revocation touches, one partition's window only."""
+    other = (DECISIONS[0], 1)
+    rule = make_rule()
+    await rule.check(DECISIONS, decisions(np.zeros((3, 3)), 0), 0)
+    both = await rule.check(other, decisions(np.full((2, 3), 5.0), 0, other), 0)
+    event = orjson.loads(both.events[0].value)
+    assert event["decisions"] == 5
+    assert event["input_set"]["lower"] == [0.0] * 3 and event["input_set"]["upper"] == [5.0] * 3
+    assert (rule.history_size(DECISIONS), rule.history_size(other)) == (3, 2)
+
+    snapshot = rule.snapshot(DECISIONS)
+    await rule.check(other, decisions(np.full((1, 3), 7.0), 2, other), 0)
+    rule.restore(DECISIONS, snapshot)  # a rebalance hands partition 0 back
+    assert rule.windows[other].max() == 7.0 and rule.windows[DECISIONS].max() == 0.0
+
+    rule.drop(other)
+    alone = await rule.check(DECISIONS, decisions(np.ones((1, 3)), 3), 0)
+    event = orjson.loads(alone.events[0].value)
+    assert event["decisions"] == 4 and event["input_set"]["upper"] == [1.0] * 3
