@@ -47,16 +47,20 @@ class MemorySource:
 
 
 class MemorySink:
-    commits_offsets = False
+    """Keeps what it is given; with ``commits_offsets`` it stands for a transactional sink
+    (each delivery's messages and offsets together in ``deliveries``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, commits_offsets: bool = False) -> None:
+        self.commits_offsets = commits_offsets
         self.messages: list[OutMessage] = []
+        self.deliveries: list[tuple[list[OutMessage], Offsets]] = []
 
     async def start(self) -> None:
         pass
 
     async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
         self.messages.extend(messages)
+        self.deliveries.append((list(messages), dict(offsets)))
 
     async def stop(self) -> None:
         pass

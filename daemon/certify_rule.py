@@ -1,13 +1,13 @@
 """Certifications run in the offload pool.
 
-``certify``: requests on a topic of their own; every request is one job, jobs run side by
-side, and the consumer goes on while they run. A request's offset is committed only once its
-result is delivered (``hold``), so a crash re-runs the job instead of losing its result. With
-exactly-once delivery, results go out in request order, each in the transaction that
-commits its request, so none is duplicated either.
+Every record with work is one job; jobs run side by side, and the consumer goes on while
+they run. A record's offset is committed only once its answer is delivered (``hold``), so a
+crash re-runs the job instead of losing its result; with exactly-once delivery the pipeline
+sends each answer in the transaction that commits its record, so none is duplicated either.
 
+``certify``: requests on a topic of their own.
 ``cfx``: decisions that carry a counterfactual explanation (``cfx``) get its robustness to
-model shifts (APΔS delta_max); the batch's checks run in parallel in the pool.
+model shifts (APΔS delta_max).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from connectors.events import Decision, Record, dead_letter, encode
 from daemon.alerts import now_iso
 from daemon.config import CertifyRuleConfig, CfxRuleConfig
 from daemon.offload import JobOutcome
-from daemon.rules import Rule, RuleContext, RuleResult, read_model
+from daemon.rules import Answer, Rule, RuleContext, RuleResult, read_model
 from rules.certify.cfx.apas import parameter_count, sample_size
 from rules.certify.cfx.certify import as_rows, certify_rows
 from rules.certify.cfx.decision import margin_rows
@@ -44,7 +44,9 @@ def run_certification(module: str, request: dict) -> dict:
 
 
 class _PoolRule(Rule):
-    """A rule whose work runs in the shared offload pool."""
+    """A rule whose work runs in the shared offload pool, one job per record. The consumer
+    goes on while jobs run; a partition's commit is held at its oldest record whose answer
+    is not delivered yet."""
 
     def __init__(self, config: CertifyRuleConfig | CfxRuleConfig, context: RuleContext) -> None:
         super().__init__(config.name, {config.topic})
@@ -52,6 +54,46 @@ class _PoolRule(Rule):
             raise ValueError(f"rule {config.name!r} needs the offload pool")
         self.context = context
         self.pool = context.pool
+        self._jobs: dict[TopicPartition, dict[int, tuple[asyncio.Future, Any]]] = {}
+
+    def _start(self, record: Record, context: Any, kind: str, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the pool for ``record``; ``context`` goes to ``_answers``."""
+        tp = (record.topic, record.partition)
+        self._jobs.setdefault(tp, {})[record.offset] = (self.pool.submit(kind, fn, *args), context)
+
+    def _answers(self, context: Any, outcome: JobOutcome) -> list[Answer]:
+        raise NotImplementedError
+
+    def hold(self, tp: TopicPartition) -> int | None:
+        jobs = self._jobs.get(tp)
+        return min(jobs) if jobs else None
+
+    def completed(self) -> list[Answer]:
+        out: list[Answer] = []
+        for jobs in self._jobs.values():
+            for offset in sorted(o for o, (job, _) in jobs.items() if job.done()):
+                job, context = jobs.pop(offset)
+                out += self._answers(context, job.result())
+        return out
+
+    def in_flight(self) -> bool:
+        return any(self._jobs.values())
+
+    def saturated(self) -> bool:
+        return self.pool.saturated
+
+    async def wait_for_space(self) -> None:
+        await self.pool.wait_for_space()
+
+    async def drain(self) -> None:
+        futures = [job for jobs in self._jobs.values() for job, _ in jobs.values()]
+        if futures:
+            await asyncio.wait(futures)
+
+    def drop(self, tp: TopicPartition) -> None:
+        """A revoked partition's jobs: their results are dropped (the new owner re-runs them
+        from the committed offset)."""
+        self._jobs.pop(tp, None)
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -64,8 +106,6 @@ class CertifyRule(_PoolRule):
         super().__init__(config, context)
         self.config = config
         self.backend = config.job
-        self._jobs: dict[TopicPartition, dict[int, asyncio.Future]] = {}
-        self._records: dict[tuple[TopicPartition, int], tuple[Record, Any]] = {}
 
     def wants_decisions(self, topic: str) -> bool:
         return False
@@ -83,31 +123,14 @@ class CertifyRule(_PoolRule):
             if not isinstance(request, dict):
                 result.dead.append((record, "schema", "a request must be a JSON object"))
                 continue
-            kind = f"certify.{self.config.job}"
-            future = self.pool.submit(kind, run_certification, JOBS[self.config.job], request)
-            self._jobs.setdefault(tp, {})[record.offset] = future
-            self._records[(tp, record.offset)] = (record, request.get("id"))
+            kind, module = f"certify.{self.config.job}", JOBS[self.config.job]
+            context = (record, request.get("id"))
+            self._start(record, context, kind, run_certification, module, request)
             result.checked += 1
         return result
 
-    def hold(self, tp: TopicPartition) -> int | None:
-        jobs = self._jobs.get(tp)
-        return min(jobs) if jobs else None
-
-    def completed(self) -> list[OutMessage]:
-        out: list[OutMessage] = []
-        for tp, jobs in self._jobs.items():
-            done = [o for o in sorted(jobs) if jobs[o].done()]
-            if self.context.exactly_once:  # a result goes out with its own offset's commit
-                first_open = min((o for o in jobs if not jobs[o].done()), default=None)
-                done = [o for o in done if first_open is None or o < first_open]
-            for offset in done:
-                outcome: JobOutcome = jobs.pop(offset).result()
-                record, request_id = self._records.pop((tp, offset))
-                out += self._messages(record, request_id, outcome)
-        return out
-
-    def _messages(self, record: Record, request_id: Any, outcome: JobOutcome) -> list[OutMessage]:
+    def _answers(self, context: tuple[Record, Any], outcome: JobOutcome) -> list[Answer]:
+        record, request_id = context
         event: dict[str, Any] = {
             "kind": "certification",
             "rule": self.name,
@@ -129,27 +152,7 @@ class CertifyRule(_PoolRule):
             letter["rule"] = self.name
             self.context.metrics.dead_letters.labels("invalid_request").inc()
             out.append(OutMessage(self.context.dead_letter_topic, key, encode(letter)))
-        return out
-
-    def in_flight(self) -> bool:
-        return any(self._jobs.values())
-
-    def saturated(self) -> bool:
-        return self.pool.saturated
-
-    async def wait_for_space(self) -> None:
-        await self.pool.wait_for_space()
-
-    async def drain(self) -> None:
-        futures = [f for jobs in self._jobs.values() for f in jobs.values()]
-        if futures:
-            await asyncio.wait(futures)
-
-    def drop(self, tp: TopicPartition) -> None:
-        """A revoked partition's jobs: their results are dropped (the new owner re-runs them
-        from the committed offset)."""
-        for offset in self._jobs.pop(tp, {}):
-            self._records.pop((tp, offset), None)
+        return [Answer.to(record, m) for m in out]
 
 
 def cfx_robustness(
@@ -180,29 +183,21 @@ class CfxRule(_PoolRule):
         self, tp: TopicPartition, decisions: list[Decision], emit_from: int
     ) -> RuleResult:
         result = RuleResult()
-        live = [d for d in decisions if d.record.offset >= emit_from]
-        jobs, asked = [], []
-        for d in live:
-            if "cfx" not in d.event:
-                continue
+        c = self.config
+        for d in decisions:
+            if d.record.offset < emit_from or "cfx" not in d.event:
+                continue  # answered before the restart, or nothing to check
             try:
                 rows = as_rows(d.event["cfx"], self.network, "cfx")
             except ValueError as e:
                 result.dead.append((d.record, "schema", str(e)))
                 continue
-            c = self.config
-            jobs.append(
-                self.pool.submit(
-                    "cfx.apas", cfx_robustness, self.network, rows, c.target, c.gamma, c.R
-                )
-            )
-            asked.append(d)
-        result.checked = len(asked)
-        for d, outcome in zip(asked, await asyncio.gather(*jobs), strict=True):
-            result.events.append(self._event(d, outcome))
+            args = (self.network, rows, c.target, c.gamma, c.R)
+            self._start(d.record, d, "cfx.apas", cfx_robustness, *args)
+            result.checked += 1
         return result
 
-    def _event(self, decision: Decision, outcome: JobOutcome) -> OutMessage:
+    def _answers(self, decision: Decision, outcome: JobOutcome) -> list[Answer]:
         event: dict[str, Any] = {
             "kind": "certification",
             "rule": self.name,
@@ -219,4 +214,6 @@ class CfxRule(_PoolRule):
             event["robust"] = all(r["delta_max"] >= self.config.min_delta for r in outcome.value)
         else:
             event["error"] = outcome.error
-        return OutMessage(self.context.certifications_topic, decision.model.encode(), encode(event))
+        key = decision.model.encode()
+        message = OutMessage(self.context.certifications_topic, key, encode(event))
+        return [Answer.to(decision.record, message)]

@@ -22,7 +22,7 @@ from connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
 from connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
 from daemon.alerts import now_iso
 from daemon.metrics import Metrics
-from daemon.rules import Rule, RuleResult, StaleSnapshot
+from daemon.rules import Answer, Rule, RuleResult, StaleSnapshot
 from daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil.pipeline")
@@ -63,6 +63,7 @@ class Pipeline:
         self._snapshot_at: dict[TopicPartition, float] = {}
         self._pending_writes: set[asyncio.Task] = set()
         self._committed: dict[TopicPartition, int] = {}
+        self._outbox: dict[TopicPartition, list[Answer]] = defaultdict(list)  # exactly-once
         self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
         self.failed = False  # a delivery failed: nothing more is committed or snapshotted
 
@@ -134,6 +135,7 @@ class Pipeline:
                 del self._emit_from[tp]
                 self._next.pop(tp, None)
                 self._committed.pop(tp, None)
+                self._outbox.pop(tp, None)  # the new owner answers those records again
                 self.metrics.forget_partition(*tp, [r.name for r in self._rules_for(tp[0])])
                 log.info("partition_revoked", topic=tp[0], partition=tp[1])
             await self._flush_snapshots()
@@ -187,24 +189,39 @@ class Pipeline:
         async with self._lock:
             if self.failed:
                 return
-            messages = [m for r in self.rules for m in r.completed()]
-            offsets = self._commit_positions(list(self._emit_from))
-            if messages or offsets:
-                await self._deliver(messages, offsets)
+            answers = [a for r in self.rules for a in r.completed()]
+            await self._deliver(answers, self._commit_positions(list(self._emit_from)))
 
-    async def _deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
-        """Deliver outputs, then commit the offsets they answer. A failure leaves the
-        pipeline ``failed``: the positions already advanced past outputs that were not
-        delivered, so committing or snapshotting them later would lose those outputs; the
+    async def _deliver(self, answers: list[Answer], offsets: Offsets) -> None:
+        """Deliver answers, then commit the offsets they answer. A failure leaves the
+        pipeline ``failed``: the positions already advanced past answers that were not
+        delivered, so committing or snapshotting them later would lose those answers; the
         restart replays from the last commit instead."""
+        if self.sink.commits_offsets:
+            answers = self._release(answers, offsets)
+        if not answers and not offsets:
+            return
         try:
-            await self.sink.deliver(messages, offsets)
+            await self.sink.deliver([a.message for a in answers], offsets)
             if not self.sink.commits_offsets and offsets:
                 await self.source.commit(offsets)
         except BaseException:
             self.failed = True
             raise
         self._committed.update(offsets)
+
+    def _release(self, answers: list[Answer], offsets: Offsets) -> list[Answer]:
+        """Exactly-once: the answers (new or waiting) to records that ``offsets`` commit; the
+        others wait in the outbox for the commit that passes their record (a job holds it
+        back), since a crash before that commit replays the record and answers it again."""
+        pending = [a for tp in list(self._outbox) for a in self._outbox.pop(tp)] + answers
+        out = []
+        for a in pending:
+            if a.offset < offsets.get(a.tp, self._committed.get(a.tp, 0)):
+                out.append(a)
+            else:
+                self._outbox[a.tp].append(a)
+        return out
 
     def _commit_positions(self, tps: list[TopicPartition]) -> Offsets:
         """For each partition, the position up to which every record is fully answered
@@ -229,7 +246,7 @@ class Pipeline:
         sought back to where processing stands, to be read again in order."""
         started = time.perf_counter()
         async with self._lock:
-            messages: list[OutMessage] = []
+            answers: list[Answer] = []
             positions: Offsets = {}
             by_tp: dict[TopicPartition, list[Record]] = defaultdict(list)
             for r in records:
@@ -246,21 +263,19 @@ class Pipeline:
                 if not recs:
                     continue
                 positions[tp] = recs[-1].offset + 1
-                messages += await self._process_partition(tp, recs)
+                answers += await self._process_partition(tp, recs)
             for tp, offset in positions.items():
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
             offsets = self._commit_positions(list(positions))
-            await self._deliver(messages, offsets)
+            await self._deliver(answers, offsets)
             for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
-    async def _process_partition(
-        self, tp: TopicPartition, records: list[Record]
-    ) -> list[OutMessage]:
+    async def _process_partition(self, tp: TopicPartition, records: list[Record]) -> list[Answer]:
         emit_from = self._emit_from[tp]
-        out: list[OutMessage] = []
+        out: list[Answer] = []
         rules = self._rules_for(tp[0])
         for rule in rules:
             if rule.wants_decisions(tp[0]):
@@ -301,9 +316,10 @@ class Pipeline:
             m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
             m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
             for alert in result.alerts:
-                out.append(
-                    OutMessage(self.settings.alerts_topic, alert["model"].encode(), encode(alert))
+                message = OutMessage(
+                    self.settings.alerts_topic, alert["model"].encode(), encode(alert)
                 )
+                out.append(Answer(tp, alert["source"]["offset"], message))
             out += self._outputs(rule, tp, result, emit_from)
         unrouted = routed.count(False)
         if unrouted:
@@ -312,7 +328,7 @@ class Pipeline:
 
     def _outputs(
         self, rule: Rule, tp: TopicPartition, result: RuleResult, emit_from: int
-    ) -> list[OutMessage]:
+    ) -> list[Answer]:
         """A rule's events and dead letters of a batch (record rules count their own events)."""
         out = list(result.events)
         if not rule.wants_decisions(tp[0]):
@@ -322,18 +338,24 @@ class Pipeline:
                 out.append(self._dead(record, reason, error, rule.name))
         return out
 
-    def _dead(self, record: Record, reason: str, error: str, rule: str | None = None) -> OutMessage:
+    def _dead(self, record: Record, reason: str, error: str, rule: str | None = None) -> Answer:
         self.metrics.dead_letters.labels(reason).inc()
         self.metrics.events.labels(rule or "", "dead_letter").inc()
         event = dead_letter(record, reason, error, now_iso())
         if rule:
             event["rule"] = rule
         log.info("dead_letter", reason=reason, error=error, **record.source)
-        return OutMessage(self.settings.dead_letter_topic, record.key, encode(event))
+        return Answer.to(
+            record, OutMessage(self.settings.dead_letter_topic, record.key, encode(event))
+        )
 
     # -- snapshots --------------------------------------------------------------------
 
     def _maybe_snapshot(self, tp: TopicPartition) -> None:
+        """Snapshot when due and every record applied is committed (a job holding the commit
+        back postpones it: a snapshot ahead of the commit is of no use to a restart)."""
+        if self._next.get(tp, 0) > self._committed.get(tp, 0):
+            return
         due_events = self._unsnapshotted[tp] >= self.settings.snapshot_every_events
         due_time = (
             time.monotonic() - self._snapshot_at.get(tp, 0) >= self.settings.snapshot_every_seconds

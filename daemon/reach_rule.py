@@ -19,7 +19,7 @@ from connectors.events import Decision, Record, encode
 from daemon.alerts import now_iso
 from daemon.config import ReachRuleConfig
 from daemon.offload import JobOutcome, OffloadPool
-from daemon.rules import Rule, RuleContext, RuleResult, StaleSnapshot, read_model
+from daemon.rules import Answer, Rule, RuleContext, RuleResult, StaleSnapshot, read_model
 from rules.reach import worker
 from rules.reach.network import Network
 
@@ -111,7 +111,8 @@ class ReachRule(Rule):
         self.windows[tp] = stack[-self.config.window :]
         result.checked = len(x)
         if decisions[-1].record.offset >= emit_from and self.model is not None:
-            result.events.append(await self._step(decisions[-1].record))
+            trigger = decisions[-1].record
+            result.events.append(Answer.to(trigger, await self._step(trigger)))
         return result
 
     async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
@@ -141,7 +142,7 @@ class ReachRule(Rule):
             self._fit_windows()
             result.checked += 1
             if record.offset >= emit_from and self.windows:
-                result.events.append(await self._step(record))
+                result.events.append(Answer.to(record, await self._step(record)))
         return result
 
     async def _check_model(self, onnx: bytes) -> JobOutcome:

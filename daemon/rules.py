@@ -38,7 +38,21 @@ class RuleContext:
     verifications_topic: str = "vigil.verifications"
     certifications_topic: str = "vigil.certifications"
     dead_letter_topic: str = "vigil.dead-letters"
-    exactly_once: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An output message and the record it answers. With exactly-once delivery it goes out
+    in the transaction whose commit passes that record, and not before: a crash before then
+    replays the record, which answers it again."""
+
+    tp: TopicPartition
+    offset: int
+    message: OutMessage
+
+    @classmethod
+    def to(cls, record: Record, message: OutMessage) -> Answer:
+        return cls((record.topic, record.partition), record.offset, message)
 
 
 @dataclass
@@ -46,7 +60,7 @@ class RuleResult:
     """What a rule made of one batch: witness alerts, other events, dead letters."""
 
     alerts: list[dict[str, Any]] = field(default_factory=list)
-    events: list[OutMessage] = field(default_factory=list)
+    events: list[Answer] = field(default_factory=list)
     dead: list[tuple[Record, str, str]] = field(default_factory=list)
     checked: int = 0
     flagged: int = 0
@@ -105,7 +119,7 @@ class Rule:
     def hold(self, tp: TopicPartition) -> int | None:
         return None
 
-    def completed(self) -> list[OutMessage]:
+    def completed(self) -> list[Answer]:
         return []
 
     def in_flight(self) -> bool:

@@ -53,7 +53,6 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         out.verifications_topic,
         out.certifications_topic,
         out.dead_letter_topic,
-        config.kafka is not None and config.kafka.exactly_once,
     )
     rules = [RULE_KINDS[r.kind](r, context) for r in config.rules]
     if config.kafka is not None:

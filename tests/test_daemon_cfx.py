@@ -3,6 +3,7 @@ that arrive with decisions get their APΔS delta_max, as computing it directly g
 
 from __future__ import annotations
 
+import asyncio
 import json
 from importlib.resources import files
 
@@ -10,10 +11,18 @@ import jsonschema
 import numpy as np
 import orjson
 
+from connectors.memory import MemorySink, MemorySource
+from daemon.certify_rule import CfxRule
 from daemon.config import parse_config
+from daemon.metrics import Metrics
+from daemon.offload import OffloadPool, process_executor
+from daemon.pipeline import Pipeline, PipelineSettings
+from daemon.rules import IorRule, RuleContext
 from daemon.service import run_daemon
+from daemon.state import SnapshotStore
 from rules.certify.cfx.certify import certify_rows
 from rules.reach.network import Network
+from tests.oracle import witness_sets
 
 
 async def test_counterfactuals_with_decisions_are_certified(tmp_path):
@@ -71,3 +80,63 @@ async def test_counterfactuals_with_decisions_are_certified(tmp_path):
         assert c["robust"] == (want["delta_max"] >= 0.01)
     dead = [orjson.loads(line) for line in (tmp_path / "dead.jsonl").read_bytes().splitlines()]
     assert [(d["reason"], "expects 3" in d["error"]) for d in dead] == [("schema", True)]
+
+
+async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(tmp_path):
+    """A cfx job holds its decision's commit; the ior alerts of later decisions of the same
+    partition go out in the transaction that commits them, and the job no longer blocks the
+    batch it came in."""
+    rng = np.random.default_rng(4)
+    net = Network.from_arrays(
+        [(rng.normal(size=(8, 3)), rng.normal(size=8)), (rng.normal(size=(1, 8)), np.zeros(1))],
+        output="sigmoid",
+    )
+    (tmp_path / "model.onnx").write_bytes(net.to_onnx())
+    x = rng.integers(0, 4, size=(60, 3)) / 4
+    y = rng.integers(0, 2, size=60)
+    candidates = rng.uniform(0, 1, size=(200, 3))
+    cfx = candidates[np.argmax(net.logits(candidates)[:, 0])]
+    values = []
+    for i in range(60):
+        event = {"id": i, "model": "credit", "x": x[i].tolist(), "y": int(y[i])}
+        if i == 5:
+            event["cfx"] = cfx.tolist()
+        values.append(orjson.dumps(event))
+    config = parse_config(
+        {
+            "files": {"decisions": "unused", "topic": "t"},
+            "outputs": {"alerts_file": "a", "dead_letter_file": "d", "certifications_file": "c"},
+            "rules": [
+                {"name": "fair", "kind": "ior", "topic": "t", "eps": 0.3},
+                {"name": "cfx", "kind": "cfx", "topic": "t", "onnx": str(tmp_path / "model.onnx")},
+            ],
+        }
+    )
+    metrics = Metrics()
+    pool = OffloadPool(lambda: process_executor(1), 1, metrics, 8, 60.0, "default")
+    context = RuleContext(metrics, pool, lambda *a: pool, "v", "certs", "dead")
+    rules = [IorRule(config.rules[0]), CfxRule(config.rules[1], context)]
+    source, sink = MemorySource("t", values), MemorySink(commits_offsets=True)
+    settings = PipelineSettings("alerts", "dead", fetch_timeout_ms=10)
+    pipeline = Pipeline(rules, source, sink, SnapshotStore(tmp_path), metrics, settings)
+    try:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.process(await source.fetch(100, 0))
+        assert rules[1].hold(("t", 0)) == 5  # the batch returned with the job still running
+        assert sink.deliveries[-1][1] == {("t", 0): 5}
+        await pipeline.run(asyncio.Event(), until_idle=True)
+    finally:
+        pool.shutdown()
+    committed, answered = 0, []
+    for messages, offsets in sink.deliveries:
+        committed = offsets.get(("t", 0), committed)
+        for m in messages:
+            offset = orjson.loads(m.value)["source"]["offset"]
+            assert offset < committed, f"decision {offset} answered before its commit"
+            answered.append((m.topic, orjson.loads(m.value).get("decision", {}).get("id")))
+    assert committed == 60
+    truth = witness_sets(x, y, 0.3)
+    flagged = [n for n, ws in enumerate(truth) if ws]
+    assert any(n > 5 for n in flagged)
+    assert sorted(a for a in answered if a[0] == "alerts") == [("alerts", n) for n in flagged]
+    assert [a for a in answered if a[0] == "certs"] == [("certs", 5)]

@@ -12,7 +12,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from connectors.events import Record
 from connectors.memory import MemorySink, MemorySource
 from daemon import certify_rule
 from daemon.config import parse_config
@@ -153,24 +152,44 @@ async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, 
     assert results["fast"]["completed_at"] <= results["slow"]["completed_at"]
 
 
-async def test_exactly_once_results_go_out_in_request_order(pool, monkeypatch):
+async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
+    tmp_path, pool, monkeypatch
+):
+    """Every result and dead letter is sent in the transaction whose commit passes its
+    record, never before (a crash in between would answer the record twice), and none is
+    left behind."""
     monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
-    config = requests_config()
     shared = pool(workers=2)
-    context = RuleContext(Metrics(), shared, lambda *a: shared, exactly_once=True)
-    rule = certify_rule.CertifyRule(config.rules[0], context)
-    tp = ("requests", 0)
-    records = [
-        Record("requests", 0, 0, orjson.dumps({"id": "slow", "sleep": 1.5})),
-        Record("requests", 0, 1, orjson.dumps({"id": "fast"})),
+    context = RuleContext(Metrics(), shared, lambda *a: shared, "v", "certs", "dead")
+    rule = certify_rule.CertifyRule(requests_config().rules[0], context)
+    values = [
+        orjson.dumps({"id": "slow", "sleep": 1.5}),
+        orjson.dumps({"id": "fast"}),
+        b"not json",
+        orjson.dumps({"id": "refused", "bad": True}),
+        orjson.dumps({"id": "last"}),
     ]
-    await rule.handle(tp, records, 0)
-    fast = rule._jobs[tp][1]
-    await fast
-    assert rule.completed() == [] and rule.hold(tp) == 0  # fast waits behind slow
-    await rule.drain()
-    ids = [orjson.loads(m.value)["request_id"] for m in rule.completed()]
-    assert ids == ["slow", "fast"] and rule.hold(tp) is None
+    source, sink = MemorySource("requests", values), MemorySink(commits_offsets=True)
+    settings = PipelineSettings("alerts", "dead", fetch_timeout_ms=10)
+    pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), context.metrics, settings)
+    await source.start(pipeline.on_assign, pipeline.on_revoke)
+    await pipeline.process(await source.fetch(10, 0))
+    for _ in range(600):
+        await asyncio.sleep(0.05)
+        await pipeline.deliver_completed()
+        if not rule.in_flight():
+            break
+    committed, answered = 0, []
+    for messages, offsets in sink.deliveries:
+        committed = offsets.get(("requests", 0), committed)
+        for m in messages:
+            offset = orjson.loads(m.value)["source"]["offset"]
+            assert offset < committed, f"record {offset} answered before its commit"
+            answered.append((m.topic, offset))
+    assert committed == 5
+    assert sorted(answered) == sorted(
+        [("certs", 0), ("certs", 1), ("dead", 2), ("certs", 3), ("dead", 3), ("certs", 4)]
+    )
 
 
 def test_workers_exit_when_the_daemon_is_killed(tmp_path):

@@ -84,7 +84,7 @@ async def test_a_model_of_another_width_replaces_the_window(make_rule):
     rule = make_rule()
     rng = np.random.default_rng(1)
     first = await rule.check(DECISIONS, decisions(rng.uniform(size=(5, 3)), 0), 0)
-    assert [orjson.loads(e.value)["status"] for e in first.events] == ["holds"]
+    assert [orjson.loads(e.message.value)["status"] for e in first.events] == ["holds"]
 
     result = await rule.handle(MODELS, [update("2", network(4, 1), 0)], 0)
     assert result.checked == 1 and not result.dead and not result.events  # nothing to verify
@@ -93,7 +93,7 @@ async def test_a_model_of_another_width_replaces_the_window(make_rule):
     old = await rule.check(DECISIONS, decisions(rng.uniform(size=(2, 3)), 5), 0)
     assert [reason for _, reason, _ in old.dead] == ["dimension", "dimension"]
     new = await rule.check(DECISIONS, decisions(rng.uniform(size=(3, 4)), 7), 0)
-    event = orjson.loads(new.events[0].value)
+    event = orjson.loads(new.events[0].message.value)
     assert (event["version"], event["decisions"], event["status"]) == ("2", 3, "holds")
     assert len(event["input_set"]["lower"]) == 4
 
@@ -137,7 +137,7 @@ async def test_each_partition_keeps_its_own_window(make_rule):
     rule = make_rule()
     await rule.check(DECISIONS, decisions(np.zeros((3, 3)), 0), 0)
     both = await rule.check(other, decisions(np.full((2, 3), 5.0), 0, other), 0)
-    event = orjson.loads(both.events[0].value)
+    event = orjson.loads(both.events[0].message.value)
     assert event["decisions"] == 5
     assert event["input_set"]["lower"] == [0.0] * 3 and event["input_set"]["upper"] == [5.0] * 3
     assert (rule.history_size(DECISIONS), rule.history_size(other)) == (3, 2)
@@ -149,5 +149,5 @@ async def test_each_partition_keeps_its_own_window(make_rule):
 
     rule.drop(other)
     alone = await rule.check(DECISIONS, decisions(np.ones((1, 3)), 3), 0)
-    event = orjson.loads(alone.events[0].value)
+    event = orjson.loads(alone.events[0].message.value)
     assert event["decisions"] == 4 and event["input_set"]["upper"] == [1.0] * 3
