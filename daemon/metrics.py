@@ -108,6 +108,11 @@ class Metrics:
         self.assigned_partitions = Gauge(
             "vigil_assigned_partitions", "Partitions assigned to this instance.", registry=r
         )
+        self.outbox = Gauge(
+            "vigil_outbox_messages",
+            "Exactly-once outputs waiting for the commit of their record (a job holds it).",
+            registry=r,
+        )
 
     def forget_partition(self, topic: str, partition: int, rules: list[str]) -> None:
         """Drop the per-partition series of a revoked partition."""

@@ -136,6 +136,7 @@ class Pipeline:
                 self._next.pop(tp, None)
                 self._committed.pop(tp, None)
                 self._outbox.pop(tp, None)  # the new owner answers those records again
+                self.metrics.outbox.set(sum(map(len, self._outbox.values())))
                 self.metrics.forget_partition(*tp, [r.name for r in self._rules_for(tp[0])])
                 log.info("partition_revoked", topic=tp[0], partition=tp[1])
             await self._flush_snapshots()
@@ -221,6 +222,7 @@ class Pipeline:
                 out.append(a)
             else:
                 self._outbox[a.tp].append(a)
+        self.metrics.outbox.set(sum(map(len, self._outbox.values())))
         return out
 
     def _commit_positions(self, tps: list[TopicPartition]) -> Offsets:

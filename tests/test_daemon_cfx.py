@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from importlib.resources import files
 
 import jsonschema
@@ -124,7 +125,9 @@ async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(
         await pipeline.process(await source.fetch(100, 0))
         assert rules[1].hold(("t", 0)) == 5  # the batch returned with the job still running
         assert sink.deliveries[-1][1] == {("t", 0): 5}
+        assert _outbox(metrics) > 0  # the later decisions' alerts
         await pipeline.run(asyncio.Event(), until_idle=True)
+        assert _outbox(metrics) == 0
     finally:
         pool.shutdown()
     committed, answered = 0, []
@@ -140,3 +143,7 @@ async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(
     assert any(n > 5 for n in flagged)
     assert sorted(a for a in answered if a[0] == "alerts") == [("alerts", n) for n in flagged]
     assert [a for a in answered if a[0] == "certs"] == [("certs", 5)]
+
+
+def _outbox(metrics: Metrics) -> float:
+    return float(re.search(rb"^vigil_outbox_messages (\S+)$", metrics.render(), re.M)[1])
