@@ -79,21 +79,28 @@ def decode_decision(record: Record) -> Decision:
 
 
 def _classify_undecodable(value: bytes, error: Exception) -> BadEvent:
-    """Tell NaN/Infinity literals (valid for many JSON writers) from garbage, such as a lone
-    surrogate escape that Python's parser accepts but orjson rightly does not."""
-    constants: list[str] = []
+    """Tell NaN/Infinity literals and numbers beyond float range (valid for many JSON writers)
+    from garbage, such as a lone surrogate escape that Python's parser accepts but orjson
+    rightly does not, or nesting too deep for either parser."""
+    non_finite: list[str] = []
 
-    def constant(name: str) -> float:
-        constants.append(name)
+    def constant(text: str) -> float:
+        non_finite.append(text)
         return math.nan
 
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            non_finite.append(text)
+        return value
+
     try:
-        json.loads(value, parse_constant=constant)
-    except (ValueError, UnicodeDecodeError):
-        constants.clear()
-    if not constants:
+        json.loads(value, parse_constant=constant, parse_float=number)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        non_finite.clear()
+    if not non_finite:
         return BadEvent("undecodable", f"not valid JSON: {error}")
-    return BadEvent("non_finite", f"{constants[0]} in the event")
+    return BadEvent("non_finite", f"{non_finite[0]} in the event")
 
 
 PAYLOAD_LIMIT = 256 * 1024

@@ -83,10 +83,13 @@ class KafkaSource:
         return (await self._consumer.beginning_offsets([ktp]))[ktp]
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
-        if offset == 0:
-            await self._consumer.seek_to_beginning(KafkaTP(*tp))
+        """Read from ``offset``, or from the first retained record if retention deleted it
+        (left to the reset policy, ``latest`` would skip every record to the end)."""
+        ktp = KafkaTP(*tp)
+        if offset <= (await self._consumer.beginning_offsets([ktp]))[ktp]:
+            await self._consumer.seek_to_beginning(ktp)
         else:
-            self._consumer.seek(KafkaTP(*tp), offset)
+            self._consumer.seek(ktp, offset)
 
     async def lag(self) -> dict[TopicPartition, int]:
         out = {}

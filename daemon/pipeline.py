@@ -104,7 +104,8 @@ class Pipeline:
                     self.metrics.snapshots.labels("loaded").inc()
             if applied is None:
                 applied = self.store.origin(rule.name, tp)
-                if committed is None and position > applied:
+                # a new group starting later, or offsets reset back before the origin
+                if applied > position or (committed is None and applied < position):
                     self.store.mark_origin(rule.name, tp, position)
                     applied = position
             self._apply_from[(rule.name, tp)] = applied
@@ -223,7 +224,7 @@ class Pipeline:
             else:
                 self._outbox[a.tp].append(a)
         self.metrics.outbox.set(sum(map(len, self._outbox.values())))
-        return out
+        return sorted(out, key=lambda a: (a.tp, a.offset))  # in record order
 
     def _commit_positions(self, tps: list[TopicPartition]) -> Offsets:
         """For each partition, the position up to which every record is fully answered
@@ -308,7 +309,10 @@ class Pipeline:
             if not mine:
                 continue
             result = await rule.check(tp, mine, emit_from)
-            replayed = sum(1 for d in mine if d.record.offset < emit_from)
+            # decisions applied again after a restart; dead letters are not applied
+            replayed = sum(1 for d in mine if d.record.offset < emit_from) - sum(
+                1 for record, _, _ in result.dead if record.offset < emit_from
+            )
             m = self.metrics
             m.events.labels(rule.name, "checked").inc(result.checked - replayed)
             m.events.labels(rule.name, "replayed").inc(replayed)
@@ -354,10 +358,6 @@ class Pipeline:
     # -- snapshots --------------------------------------------------------------------
 
     def _maybe_snapshot(self, tp: TopicPartition) -> None:
-        """Snapshot when due and every record applied is committed (a job holding the commit
-        back postpones it: a snapshot ahead of the commit is of no use to a restart)."""
-        if self._next.get(tp, 0) > self._committed.get(tp, 0):
-            return
         due_events = self._unsnapshotted[tp] >= self.settings.snapshot_every_events
         due_time = (
             time.monotonic() - self._snapshot_at.get(tp, 0) >= self.settings.snapshot_every_seconds
@@ -372,8 +372,9 @@ class Pipeline:
             self._snapshot(tp)
 
     def _snapshot(self, tp: TopicPartition) -> None:
-        """Snapshot every rule's state of ``tp`` at its committed offset (written in a
-        thread; the bytes are taken now, so later batches do not leak in)."""
+        """Snapshot every rule's state of ``tp`` as applied so far (written in a thread; the
+        bytes are taken now, so later batches do not leak in). While a job holds the commit
+        behind it, the store keeps the newest snapshot the commit covers as well."""
         offset = self._next.get(tp)
         if offset is None or self.failed:
             return
@@ -383,15 +384,18 @@ class Pipeline:
                 continue
             # a rule restored from a newer snapshot skips records up to its own offset
             at = max(offset, self._apply_from.get((rule.name, tp), 0))
-            task = asyncio.create_task(self._write(rule.name, tp, at, blob))
+            committed = self._committed.get(tp, 0)
+            task = asyncio.create_task(self._write(rule.name, tp, at, blob, committed))
             self._pending_writes.add(task)
             task.add_done_callback(self._pending_writes.discard)
         self._unsnapshotted[tp] = 0
         self._snapshot_at[tp] = time.monotonic()
 
-    async def _write(self, rule: str, tp: TopicPartition, offset: int, blob: bytes) -> None:
+    async def _write(
+        self, rule: str, tp: TopicPartition, offset: int, blob: bytes, committed: int
+    ) -> None:
         started = time.perf_counter()
-        await asyncio.to_thread(self.store.save, rule, tp, offset, blob)
+        await asyncio.to_thread(self.store.save, rule, tp, offset, blob, committed)
         self.metrics.snapshot_seconds.observe(time.perf_counter() - started)
         self.metrics.snapshots.labels("written").inc()
 

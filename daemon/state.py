@@ -40,14 +40,21 @@ class SnapshotStore:
         topic, partition = tp
         return self.root / _SAFE.sub("_", rule) / f"{_SAFE.sub('_', topic)}.{partition}"
 
-    def save(self, rule: str, tp: TopicPartition, offset: int, blob: bytes) -> Path:
-        """Write a snapshot taken after every record before ``offset`` was applied."""
+    def save(
+        self, rule: str, tp: TopicPartition, offset: int, blob: bytes, committed: int = 0
+    ) -> Path:
+        """Write a snapshot taken after every record before ``offset`` was applied, and drop
+        all but the newest ``keep`` — except the newest at or before ``committed``, the one a
+        restart would use while the commit is behind the newer ones."""
         folder = self._dir(rule, tp)
         header = {"offset": offset, "length": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
         path = folder / f"{offset:020d}.snap"
         atomic_write(path, orjson.dumps(header) + b"\n" + blob)
-        for old in sorted(folder.glob("*.snap"))[: -self.keep]:
-            old.unlink(missing_ok=True)
+        saved = sorted(folder.glob("*.snap"))
+        usable = [p for p in saved if p.stem.isdigit() and int(p.stem) <= committed][-1:]
+        for old in saved[: -self.keep]:
+            if old not in usable:
+                old.unlink(missing_ok=True)
         return path
 
     def load(

@@ -156,8 +156,8 @@ async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
     tmp_path, pool, monkeypatch
 ):
     """Every result and dead letter is sent in the transaction whose commit passes its
-    record, never before (a crash in between would answer the record twice), and none is
-    left behind."""
+    record, never before (a crash in between would answer the record twice), in request
+    order, and none is left behind."""
     monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
     shared = pool(workers=2)
     context = RuleContext(Metrics(), shared, lambda *a: shared, "v", "certs", "dead")
@@ -187,6 +187,7 @@ async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
             assert offset < committed, f"record {offset} answered before its commit"
             answered.append((m.topic, offset))
     assert committed == 5
+    assert [o for topic, o in answered if topic == "certs"] == [0, 1, 3, 4]  # request order
     assert sorted(answered) == sorted(
         [("certs", 0), ("certs", 1), ("dead", 2), ("certs", 3), ("dead", 3), ("certs", 4)]
     )

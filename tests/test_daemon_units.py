@@ -119,7 +119,9 @@ def test_decoder_agrees_with_the_decision_schema():
         (b'{"id": 1, "model": "m", "x": [NaN], "y": 1}', "non_finite"),
         (b'{"id": 1, "model": "m", "x": [-Infinity], "y": 1}', "non_finite"),
         (b'{"id": "\\ud800", "model": "m", "x": [0.1], "y": 1}', "undecodable"),
+        (b'{"id": 1, "model": "m", "x": [1e999], "y": 1}', "non_finite"),
         (b'{"id": 1, "model": "m", "x": [NaN], "y": 1', "undecodable"),
+        (b"[" * 5000 + b"]" * 5000, "undecodable"),
     ],
 )
 def test_undecodable_events_are_told_from_non_finite_numbers(value, reason):
@@ -221,6 +223,29 @@ def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_pat
         validator.validate(alert)
 
 
+def test_a_dead_letter_in_the_replay_does_not_stop_the_restart(tmp_path):
+    """A bad decision between the snapshot and the commit is replayed (and not dead-lettered
+    again); counting it as replayed once drove a counter negative and crashed every restart."""
+    rng = np.random.default_rng(2)
+    values = _decisions(rng.uniform(0, 1, (150, 3)), np.ones(150, dtype=int))
+    values[90] = orjson.dumps({"id": 90, "model": "m", "x": [0.1, 0.2], "y": 1})
+    store, sink = SnapshotStore(tmp_path), MemorySink()
+
+    async def run(limit: int, commits: list) -> list:
+        pipeline, source, _ = _pipeline(values[:limit], store, sink)
+        source.commits = commits
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        await pipeline._flush_snapshots()
+        return source.commits  # no final snapshot: as if the process died here
+
+    commits = asyncio.run(run(111, []))
+    assert store.load("r", ("t", 0))[0].offset < 90 < commits[-1][("t", 0)]
+    asyncio.run(run(150, commits))
+    dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
+    assert [(d["source"]["offset"], d["reason"]) for d in dead] == [(90, "dimension")]
+
+
 def test_snapshot_store_falls_back_past_snapshots_ahead_of_the_commit(tmp_path):
     store = SnapshotStore(tmp_path, keep=3)
     for offset in (10, 20, 30):
@@ -234,6 +259,18 @@ def test_snapshot_store_falls_back_past_snapshots_ahead_of_the_commit(tmp_path):
     assert store.origin("r", ("t", 0)) == 0
     store.mark_origin("r", ("t", 0), 7)
     assert store.origin("r", ("t", 0)) == 7
+
+
+def test_pruning_keeps_the_newest_snapshot_the_commit_covers(tmp_path):
+    """While a job holds the commit back, newer snapshots must not prune the one a restart
+    would restore."""
+    store = SnapshotStore(tmp_path, keep=1)
+    store.save("r", ("t", 0), 50, b"50", committed=50)
+    store.save("r", ("t", 0), 100, b"100", committed=60)
+    store.save("r", ("t", 0), 150, b"150", committed=60)
+    assert store.load("r", ("t", 0), at_most=60)[0].blob == b"50"
+    store.save("r", ("t", 0), 200, b"200", committed=200)
+    assert sorted(p.stem for p in (tmp_path / "r" / "t.0").glob("*.snap")) == [f"{200:020d}"]
 
 
 def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
@@ -314,6 +351,14 @@ def test_a_group_starting_at_the_end_keeps_its_origin_across_a_restart(tmp_path)
     alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
     assert len(alerts) == len(expected)
+
+    # an operator resets the group's offsets back before the origin: those records count now
+    sink.messages.clear()
+    asyncio.run(run(300, [{("t", 0): 50}]))
+    truth = witness_sets(x[50:], y[50:], 0.25)
+    expected = {50 + n: [50 + j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
 
 
 def test_example_configs_are_valid():
