@@ -43,6 +43,9 @@ class CsvLayout:
         id_column: str | None = None,
     ) -> CsvLayout:
         header = [h.strip() for h in header]
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:  # a lookup by name would read one of them for both
+            raise StreamFormatError(f"line 1: duplicate column {', '.join(map(repr, repeated))}")
         position = {name: i for i, name in enumerate(header)}
         named = [*decision_columns, *drop_columns, *([id_column] if id_column else [])]
         missing = [c for c in named if c not in position]
@@ -73,13 +76,16 @@ def read_csv_stream(
     """Parse the header now (so column errors surface first) and the rows lazily, in
     batches. Decision values stay strings when there is one decision column (labels) and
     become float vectors when there are several (probabilities)."""
-    f = open(path, newline="")  # noqa: SIM115 - closed by the generator
+    f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed by the generator
     reader = csv.reader(f)
     try:
         header = next(reader)
     except StopIteration:
         f.close()
         raise StreamFormatError(f"{path}: the file is empty (expected a header row)") from None
+    except UnicodeDecodeError:
+        f.close()
+        raise StreamFormatError(f"{path}: not UTF-8 text") from None
     try:
         layout = CsvLayout.from_header(header, decision_columns, drop_columns, id_column)
     except StreamFormatError:
@@ -92,7 +98,7 @@ def _batches(f, reader, width, layout, header, batch_size) -> Iterator[CsvBatch]
     with f:
         rows: list[list[str]] = []
         first_row = 0
-        for row in reader:
+        for row in _rows(reader):
             if not row:
                 raise StreamFormatError(f"line {reader.line_num}: empty line")
             if len(row) != width:
@@ -106,6 +112,13 @@ def _batches(f, reader, width, layout, header, batch_size) -> Iterator[CsvBatch]
                 rows = []
         if rows:
             yield _convert(rows, first_row, layout, header)
+
+
+def _rows(reader) -> Iterator[list[str]]:
+    try:
+        yield from reader
+    except UnicodeDecodeError:
+        raise StreamFormatError(f"line {reader.line_num + 1}: not UTF-8 text") from None
 
 
 def _convert(rows: list[list[str]], first_row: int, layout: CsvLayout, header) -> CsvBatch:

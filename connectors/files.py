@@ -6,6 +6,7 @@ its committed offset lives in a small JSON file written atomically.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -44,7 +45,12 @@ class JsonLinesSource:
         await on_assign([self.tp])
 
     async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
+        """The next lines; at the end of the file, nothing after ``timeout_ms`` (so the loop
+        waits, and a signal is handled, instead of spinning)."""
         start, stop = self._next, min(self._next + max_records, len(self._lines))
+        if start == stop:
+            await asyncio.sleep(timeout_ms / 1000)
+            return []
         self._next = stop
         topic, partition = self.tp
         return [Record(topic, partition, i, self._lines[i]) for i in range(start, stop)]

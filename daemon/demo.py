@@ -34,14 +34,33 @@ def write_decision_events(stream_csv: Path, out: Path, model: str) -> int:
     return n
 
 
+OUTPUTS = {"decisions.jsonl", "alerts.jsonl", "dead-letters.jsonl", "state"}
+"""What a demo writes into its working directory."""
+
+
+def _claim(workdir: Path) -> None:
+    """Empty ``workdir`` for a new run, unless it holds anything but a demo's outputs."""
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"--workdir {workdir}: exists and is not a directory")
+    others = (
+        sorted(p.name for p in workdir.iterdir() if p.name not in OUTPUTS)
+        if workdir.exists()
+        else []
+    )
+    if others:
+        raise ValueError(
+            f"--workdir {workdir}: holds {', '.join(others[:3])}, which the demo did not write; "
+            "choose a new or empty directory"
+        )
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+
+
 def run_demo(
     stream_csv: Path, workdir: Path, eps: float, metric: str, backend: str
 ) -> dict[str, Any]:
     """Run the pipeline (file source -> i.o.r. rule -> file sinks) and summarise the alerts."""
     started = time.perf_counter()
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    decisions = write_decision_events(stream_csv, workdir / "decisions.jsonl", "compas")
     config = parse_config(
         {
             "files": {"decisions": str(workdir / "decisions.jsonl"), "topic": "decisions"},
@@ -65,6 +84,8 @@ def run_demo(
             ],
         }
     )
+    _claim(workdir)
+    decisions = write_decision_events(stream_csv, workdir / "decisions.jsonl", "compas")
     configure_logging(config.logging.level, config.logging.format)
     asyncio.run(run_daemon(config, until_idle=True))
     alerts = [orjson.loads(line) for line in (workdir / "alerts.jsonl").read_bytes().splitlines()]

@@ -82,7 +82,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
             out.certifications_topic: out.certifications_file,
         }
         sink = JsonLinesSink({topic: path for topic, path in files.items() if path is not None})
-        max_batch, timeout = f.max_batch, 0
+        max_batch, timeout = f.max_batch, 100  # the wait at the end of the file
     settings = PipelineSettings(
         alerts_topic=out.alerts_topic,
         dead_letter_topic=out.dead_letter_topic,

@@ -315,6 +315,15 @@ def test_duplicate_column_names_are_rejected(tmp_path):
         read_csv(path)
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeffage,y\n1,0\n".encode())
+    assert read_csv(path).columns == ["age", "y"]
+    path.write_bytes(b"age,y\n\x93,0\n")
+    with pytest.raises(KnnInputError, match=r"bom\.csv: not a UTF-8 text file"):
+        read_csv(path)
+
+
 def test_non_finite_and_non_numeric_cells_name_their_column():
     rows = [[float(i), i % 2, "fm"[i % 2]] for i in range(6)]
     table = Table(["a", "b", "s"], rows)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from importlib.resources import files
 from pathlib import Path
 
@@ -147,6 +150,7 @@ def test_replay_probability_outputs_with_ids_ignored_and_scaled_columns(tmp_path
         ("a,b,prediction\n1,2,0\n1,2\n", [], "line 3: 2 fields, expected 3"),
         ("a,b,prediction\n1,2,\n", [], "line 2, column 'prediction': empty"),
         ("", [], "the file is empty"),
+        ("a,a,prediction\n1,2,0\n", [], "line 1: duplicate column 'a'"),
         ("a,b,prediction\n1,2,0\n", ["--ignore-columns", "zzz"], "--ignore-columns: not feature"),
         ("a,b,prediction\n1,2,0\n", ["--batch-size", "0"], "--batch-size must be >= 1"),
     ],
@@ -160,6 +164,18 @@ def test_bad_input_names_line_and_column_and_exits_2(tmp_path, content, args, me
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stdout == ""
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column_and_binary_is_refused(tmp_path):
+    stream = tmp_path / "bom.csv"
+    stream.write_bytes("\ufeffprediction,a\n0,1\n1,1\n".encode())
+    result = run_cli("replay", str(stream), "--decision-column", "prediction", "--eps", "0.1")
+    assert result.returncode == 0, result.stderr
+    assert orjson.loads(result.stdout)["flagged"] == 1
+    for rows in (1, 20_000):  # decoded with the header, or in a later read
+        stream.write_bytes(b"prediction,a\n" + b"0,1\n" * rows + b"\x93\xff,1\n")
+        result = run_cli("replay", str(stream), "--decision-column", "prediction", "--eps", "0.1")
+        assert result.returncode == 2 and "not UTF-8 text" in result.stderr, result.stderr
 
 
 def test_missing_file_and_bad_scale_are_reported(tmp_path):
@@ -190,6 +206,79 @@ def test_demo_runs_the_pipeline_and_matches_the_oracle(tmp_path):
     alerts = (tmp_path / "demo" / "alerts.jsonl").read_bytes().splitlines()
     assert len(alerts) == summary["flagged"]
     assert list((tmp_path / "demo" / "state").rglob("*.snap"))
+
+
+def test_demo_empties_only_its_own_output(tmp_path):
+    """--workdir is emptied first: only when it holds nothing but an earlier demo's output,
+    and only once the arguments are known to be good."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    for args in (
+        ["--workdir", str(tmp_path / "mine")],
+        ["--workdir", str(tmp_path), "--eps", "-1"],
+    ):
+        result = run_cli("demo", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    assert (
+        "notes.txt, which the demo did not write"
+        in run_cli("demo", "--workdir", str(tmp_path / "mine")).stderr
+    )
+    demo = tmp_path / "demo"
+    for _ in range(2):  # the second run replaces the first one's output
+        assert run_cli("demo", "--workdir", str(demo)).returncode == 0
+    assert len((demo / "decisions.jsonl").read_bytes().splitlines()) == len(load_stream(DEMO)[0])
+
+
+def test_run_with_a_file_source_stops_on_sigterm(tmp_path):
+    """After the file is read the daemon waits for more (it does not spin), and a SIGTERM
+    stops it cleanly."""
+    (tmp_path / "decisions.jsonl").write_bytes(
+        orjson.dumps({"id": 0, "model": "m", "x": [0.0], "y": 0}) + b"\n"
+    )
+    (tmp_path / "vigil.toml").write_text(
+        """
+[files]
+decisions = "decisions.jsonl"
+[outputs]
+alerts_file = "alerts.jsonl"
+dead_letter_file = "dead.jsonl"
+[metrics]
+enabled = false
+[state]
+dir = "state"
+[[rules]]
+name = "r"
+kind = "ior"
+topic = "decisions"
+eps = 0.1
+"""
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon.cli", "run", "--config", str(tmp_path / "vigil.toml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "state" / "file-offsets.json").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        cpu = _cpu_seconds(proc.pid)
+        time.sleep(1.0)
+        assert _cpu_seconds(proc.pid) - cpu < 0.5, "the idle daemon spins"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list((tmp_path / "state").rglob("*.snap"))  # the shutdown's snapshot
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.mark.parametrize("backend", ["auto", "bruteforce", "kdtree"])

@@ -67,7 +67,10 @@ def read_csv(path: str | Path, sep: str | None = None) -> Table:
     path = Path(path)
     if not path.exists():
         raise KnnInputError(f"no such CSV file: {path}")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise KnnInputError(f"{path}: not a UTF-8 text file") from None
     if sep is None:
         first = text.split("\n", 1)[0]
         sep = max([",", ";", "\t"], key=first.count)
