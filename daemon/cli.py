@@ -17,8 +17,9 @@ from connectors.csv_source import StreamFormatError
 from daemon.config import load_config
 from daemon.demo import run_demo
 from daemon.logs import configure_logging
+from daemon.metrics import Metrics
 from daemon.replay import ReplayOptions, replay
-from daemon.service import run_daemon
+from daemon.service import build_rules, run_daemon
 from rules.ior import BACKENDS, InvalidDecision
 from rules.ior.backends import parse_backend
 
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "check-config":
             config = load_config(args.config)
+            for rule in build_rules(config, Metrics()):  # loads and checks the rules' models
+                rule.close()
             source = "kafka" if config.kafka else "files"
             print(f"{args.config}: ok ({len(config.rules)} rules, {source} source)")
             return 0

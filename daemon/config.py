@@ -202,6 +202,8 @@ class ReachRuleConfig(_Section):
         c = np.array(self.C, dtype=float) if self.C else np.zeros((0, 0))
         if c.ndim != 2 or c.shape[0] != len(self.d) or c.shape[0] == 0:
             raise ValueError(f"C needs one non-empty row per entry of d ({len(self.d)})")
+        if not (np.isfinite(c).all() and np.isfinite(self.d).all()):
+            raise ValueError("C and d must be finite numbers")
         if self.onnx is None and self.models_topic is None:
             raise ValueError("set onnx (a starting model) or models_topic (updates), or both")
         return self

@@ -29,7 +29,9 @@ RULE_KINDS: dict[str, type[Rule]] = {
 """Rule classes by the ``kind`` a ``[[rules]]`` entry names."""
 
 
-def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
+def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
+    """The configured rules, with their models loaded and checked and their worker pools
+    made (workers start with the first job); a rule that cannot work raises ValueError."""
     out = config.outputs
     offload = config.offload
 
@@ -54,7 +56,12 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         out.certifications_topic,
         out.dead_letter_topic,
     )
-    rules = [RULE_KINDS[r.kind](r, context) for r in config.rules]
+    return [RULE_KINDS[r.kind](r, context) for r in config.rules]
+
+
+def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
+    out = config.outputs
+    rules = build_rules(config, metrics)
     if config.kafka is not None:
         k = config.kafka
         source = KafkaSource(

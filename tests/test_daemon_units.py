@@ -72,6 +72,7 @@ def test_the_contract_configuration_is_accepted(tmp_path):
         (('metric = "linf"', 'metric = "cosine"'), "rules.0.metric"),
         (('group_id = "vigil"', 'group_id = "vigil"\ncolour = 1'), "kafka.colour"),
         (("exactly_once = true", 'exactly_once = "maybe"'), "kafka.exactly_once"),
+        (('backend = "auto"', 'backend = "parallel:2:parallel"'), "rules.0"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, change, key, capsys):
@@ -81,6 +82,29 @@ def test_config_errors_name_the_key(tmp_path, change, key, capsys):
         load_config(path)
     assert main(["check-config", str(path)]) == 2
     assert key in capsys.readouterr().err
+
+
+def test_check_config_loads_the_rules_models(tmp_path, capsys):
+    """check-config answers what `run` would: a missing model or one whose outputs do not
+    fit the spec is an error, not "ok"."""
+    net = Network.from_arrays([(np.eye(2), np.zeros(2))])
+    (tmp_path / "m.onnx").write_bytes(net.to_onnx())
+    for onnx, spec, message in (
+        ("m.onnx", "C = [[1.0, 0.0]]\nd = [1.0]", "ok (1 rules"),
+        ("gone.onnx", "C = [[1.0, 0.0]]\nd = [1.0]", "cannot read onnx"),
+        ("m.onnx", "C = [[1.0, 0.0, 0.0]]\nd = [1.0]", "the spec C has 3 columns"),
+        ("m.onnx", "C = [[1.0, 0.0]]\nd = [nan]", "C and d must be finite"),
+    ):
+        path = tmp_path / "vigil.toml"
+        path.write_text(
+            '[kafka]\nbootstrap_servers = "unused:9092"\n'
+            f'[[rules]]\nname = "v"\nkind = "reach"\ntopic = "t"\nmodel = "m"\n'
+            f'onnx = "{onnx}"\n{spec}\n'
+        )
+        code = main(["check-config", str(path)])
+        out = capsys.readouterr()
+        assert message in out.out + out.err
+        assert code == (0 if message.startswith("ok") else 2)
 
 
 def test_config_needs_exactly_one_source():

@@ -139,3 +139,12 @@ def test_use_backend_reindexes_the_history_only_when_it_changes():
     monitor.use_backend("kdtree", {})
     assert monitor.backend.name == "kdtree"
     assert collect(monitor, x[80:], y[80:], 40) == witness_sets(x, y, 0.25)[80:]
+
+
+def test_parallel_takes_at_most_one_block_per_feature():
+    rng = np.random.default_rng(10)
+    x = rng.integers(0, 4, size=(60, 2)) / 4
+    y = rng.integers(0, 2, size=60)
+    monitor = Monitor(MonitorSpec(dim=2, eps=0.25), "parallel", blocks=8)
+    assert monitor.backend.blocks == 2
+    assert collect(monitor, x, y, 60) == witness_sets(x, y, 0.25)

@@ -39,6 +39,12 @@ def parse_backend(text: str) -> tuple[str, dict]:
     except ValueError:
         raise ValueError(f"{text!r}: blocks must be an integer") from None
     options.update(zip(("inner", "workers"), rest[1:], strict=False))
+    if options["blocks"] < 1:
+        raise ValueError(f"{text!r}: blocks must be >= 1")
+    if options.get("inner", "bruteforce") not in set(BACKENDS) - {"parallel"}:
+        raise ValueError(f"{text!r}: the inner backend must be one of the others")
+    if options.get("workers", "threads") not in ("threads", "processes"):
+        raise ValueError(f"{text!r}: workers must be 'threads' or 'processes'")
     return name, options
 
 

@@ -97,8 +97,8 @@ def _shut(conn: Connection, proc: mp.process.BaseProcess) -> None:
 
 
 class ParallelBackend(Backend):
-    """``blocks`` contiguous feature blocks, each searched by an ``inner`` backend, in
-    threads or (``workers="processes"``) in worker processes."""
+    """``blocks`` contiguous feature blocks (at most one per compared feature), each searched
+    by an ``inner`` backend, in threads or (``workers="processes"``) in worker processes."""
 
     name = "parallel"
 
@@ -114,8 +114,9 @@ class ParallelBackend(Backend):
 
         super().__init__(spec, history)
         dim = history.x.shape[1]
-        if not 1 <= blocks <= dim:
-            raise ValueError(f"blocks must be between 1 and the {dim} compared features")
+        if blocks < 1:
+            raise ValueError(f"blocks must be >= 1, got {blocks}")
+        blocks = min(blocks, dim)
         if inner not in BACKENDS or inner == self.name:
             raise ValueError(f"inner backend {inner!r} is not one of {sorted(BACKENDS)}")
         if workers not in ("threads", "processes"):
