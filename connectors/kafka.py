@@ -6,9 +6,22 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import KafkaConnectionError
 
 from connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from connectors.events import Record
+
+
+class BrokerUnavailable(ConnectionError):
+    """No broker answered at the configured address."""
+
+
+async def _start(client: AIOKafkaConsumer | AIOKafkaProducer, servers: str) -> None:
+    try:
+        await client.start()
+    except KafkaConnectionError as e:
+        await client.stop()
+        raise BrokerUnavailable(f"cannot reach the Kafka broker at {servers}: {e}") from None
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -54,9 +67,10 @@ class KafkaSource:
         )
         self.group_id = group_id
         self._reset = auto_offset_reset
+        self._servers = bootstrap_servers
 
     async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
-        await self._consumer.start()
+        await _start(self._consumer, self._servers)
         self._consumer.subscribe(self.topics, listener=_Listener(on_assign, on_revoke))
 
     async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
@@ -123,6 +137,7 @@ class KafkaSink:
     ) -> None:
         self.commits_offsets = transactional_id is not None
         self._group_id = group_id
+        self._servers = bootstrap_servers
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
@@ -133,7 +148,7 @@ class KafkaSink:
         )
 
     async def start(self) -> None:
-        await self._producer.start()
+        await _start(self._producer, self._servers)
 
     async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
         if not self.commits_offsets:

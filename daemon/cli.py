@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import math
 import pkgutil
 import sys
 from importlib.resources import files
@@ -14,6 +15,8 @@ import orjson
 
 import daemon.commands
 from connectors.csv_source import StreamFormatError
+from connectors.kafka import BrokerUnavailable
+from daemon.commands import out_path
 from daemon.config import load_config
 from daemon.demo import run_demo
 from daemon.logs import configure_logging
@@ -36,6 +39,16 @@ def _scale_pair(text: str) -> tuple[str, float]:
     if not sep or not name or factor is None:
         raise argparse.ArgumentTypeError(f"expected COLUMN=FACTOR, got {text!r}")
     return name, factor
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _backend(text: str) -> str:
@@ -87,11 +100,11 @@ def _add_monitor_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ratio-threshold",
-        type=float,
+        type=_threshold,
         metavar="T",
         help="alert only on decisions whose largest d_out / d_in exceeds T",
     )
-    p.add_argument("--alerts-out", type=Path, help="write one JSON alert per flagged decision")
+    p.add_argument("--alerts-out", type=out_path, help="write one JSON alert per flagged decision")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -156,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         None: sub,
         "verify": sub.add_parser(
             "verify", help="verify a network (reachability, mini-batch MILP robustness)"
-        ).add_subparsers(dest="target", required=True),
+        ).add_subparsers(dest="subcommand", required=True),
         "certify": sub.add_parser(
             "certify", help="certify decisions (KNN fairness, counterfactual robustness)"
-        ).add_subparsers(dest="target", required=True),
+        ).add_subparsers(dest="subcommand", required=True),
     }
     for info in pkgutil.iter_modules(daemon.commands.__path__):
         module = importlib.import_module(f"daemon.commands.{info.name}")
@@ -202,6 +215,11 @@ def _run_replay(
     return replay(stream, opts)
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The command as typed: ``verify batch``, ``replay``, ..."""
+    return " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -241,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run_daemon(config))
             return 0
     except (StreamFormatError, InvalidDecision, ValueError) as e:
-        print(f"vigil {args.command}: error: {e}", file=sys.stderr)
+        print(f"vigil {_command(args)}: error: {e}", file=sys.stderr)
         return 2
+    except BrokerUnavailable as e:  # not the configuration's fault: a supervisor retries
+        print(f"vigil {_command(args)}: error: {e}", file=sys.stderr)
+        return 1
     print(orjson.dumps(summary).decode(), flush=True)
     return 0
 

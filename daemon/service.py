@@ -9,7 +9,7 @@ import signal
 import structlog
 
 from connectors.files import JsonLinesSink, JsonLinesSource
-from connectors.kafka import KafkaSink, KafkaSource
+from connectors.kafka import BrokerUnavailable, KafkaSink, KafkaSource
 from daemon.certify_rule import CertifyRule, CfxRule
 from daemon.config import Config
 from daemon.http import OpsServer
@@ -118,8 +118,17 @@ async def run_daemon(
     if config.metrics.enabled:
         server = OpsServer(config.metrics.host, config.metrics.port, metrics.render, pipeline.ready)
         await server.start()
-    await pipeline.sink.start()
-    await pipeline.source.start(pipeline.on_assign, pipeline.on_revoke)
+    try:
+        await pipeline.sink.start()
+        await pipeline.source.start(pipeline.on_assign, pipeline.on_revoke)
+    except BrokerUnavailable:
+        await pipeline.sink.stop()
+        await pipeline.source.stop()
+        for rule in pipeline.rules:
+            rule.close()
+        if server:
+            await server.stop()
+        raise
     log.info(
         "started",
         rules=[r.name for r in pipeline.rules],

@@ -97,6 +97,13 @@ def test_cli_rejects_mismatched_labels(digits_model, capsys, tmp_path):
     )  # fmt: skip
     assert code == 2
     assert "labels must have shape" in capsys.readouterr().err
+    labels = np.load(d / "y.npy")
+    labels[0] = 99
+    np.save(tmp_path / "range.npy", labels)
+    argv = ["verify", "batch", "--model", str(d / "m.onnx"), "--inputs", str(d / "X.npy")]
+    assert main([*argv, "--labels", str(tmp_path / "range.npy"), "--eps", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "vigil verify batch: error: labels must lie in 0..9; index 0 has 99" in err
 
 
 def _request(onnx: bytes, x: np.ndarray, labels, **fields) -> dict:

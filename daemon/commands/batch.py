@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 from tqdm import tqdm
 
-from daemon.commands import load_npy, seed
+from daemon.commands import load_npy, out_path, seed
 from rules.certify.batch import METHODS, SIZERS, VerificationError, verify_inputs
 
 GROUP = "verify"
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sizer", choices=SIZERS, default="thompson", help="batch-size policy")
     p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--out", type=Path, metavar="verdicts.jsonl", help="one JSON line per input")
+    p.add_argument("--out", type=out_path, metavar="verdicts.jsonl", help="one JSON line per input")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(handler=run)
 

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from daemon.commands import load_npy, seed
+from daemon.commands import load_npy, out_path, seed
 from daemon.commands.cfx import load_model
 from rules.certify.cfx.certify import as_rows
 from rules.certify.cfx.generate import nearest_cfx, robust_cfx
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", type=Path, required=True, metavar="M.onnx")
     p.add_argument("--x", type=Path, required=True, metavar="X.npy", help="inputs, one per row")
-    p.add_argument("--out", type=Path, help="where to write them (default: X_cfx.npy beside X)")
+    p.add_argument("--out", type=out_path, help="where to write them (default: X_cfx.npy beside X)")
     p.add_argument("--target", type=int, default=1, help="the class to reach")
     p.add_argument("--robust", action="store_true", help="robust to shifts of size --delta")
     p.add_argument("--delta", type=float, help="plausible shift size for --robust")
@@ -70,6 +70,12 @@ def run(args: argparse.Namespace) -> int:
                 f"--bounds: expected shape (2, {network.input_dim}), got {bounds.shape}"
             )
         lower, upper = bounds[0], bounds[1]
+    lower, upper = (
+        np.broadcast_to(lower, network.input_dim),
+        np.broadcast_to(upper, network.input_dim),
+    )
+    if not (np.isfinite(lower).all() and np.isfinite(upper).all() and (lower <= upper).all()):
+        raise ValueError("the feature bounds must be finite numbers with lower <= upper")
     out = args.out or args.x.with_name(f"{args.x.stem}_cfx.npy")
     found = np.full_like(xs, np.nan)
     streams = np.random.SeedSequence(args.seed).spawn(len(xs))
@@ -106,5 +112,6 @@ def run(args: argparse.Namespace) -> int:
         if cfx is not None:
             found[i] = cfx
         tqdm.write(orjson.dumps(entry).decode())
-    np.save(out, found)
+    with open(out, "wb") as f:  # np.save(path) would add ".npy" to another name
+        np.save(f, found)
     return 0

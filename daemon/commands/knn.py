@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 from tqdm import tqdm
 
+from daemon.commands import out_path
 from rules.certify.knn import VARIANTS, Enumerator, FairKnnCertifier, read_csv, split_target
 from rules.certify.knn.certifier import DEFAULT_FOLDS
 from rules.certify.knn.summary import format_summary, summarize
@@ -61,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--variant", type=_variants, default=list(VARIANTS), help="label,individual,epsilon or all"
     )
     p.add_argument("--inputs", type=Path, required=True, metavar="TEST.csv")
-    p.add_argument("--out", type=Path, required=True, metavar="results.jsonl")
+    p.add_argument("--out", type=out_path, required=True, metavar="results.jsonl")
     p.add_argument("--categorical", type=_names, default=[], help="columns forced to one-hot")
     p.add_argument("--k", type=_ints, help="candidate K values (default: see docs/knn.md)")
     p.add_argument("--folds", type=int, default=DEFAULT_FOLDS, help="p of p-fold validation")

@@ -125,6 +125,8 @@ def verify_inputs(
         )
     try:
         y = _labels(labels, network.output_dim)
+    except InvalidBatchInput:
+        raise
     except (TypeError, ValueError) as e:
         raise InvalidBatchInput(f"labels are not numeric: {e}") from None
     _validate(x, y, eps, clip, max_batch, method, sizer)
