@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from rules.ior.backends import parse_backend
 from rules.reach.online import Accelerations
@@ -19,6 +20,21 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: object) -> object:
+        """``eps = true`` is a mistake, not 1.0."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key)
+                if isinstance(value, bool) and field and bool not in _types(field):
+                    raise ValueError(f"{key}: expected a number, not {str(value).lower()}")
+        return data
+
+
+def _types(field: FieldInfo) -> set[object]:
+    return {field.annotation, *get_args(field.annotation)}
 
 
 class KafkaConfig(_Section):

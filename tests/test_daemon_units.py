@@ -72,6 +72,8 @@ def test_the_contract_configuration_is_accepted(tmp_path):
         (('metric = "linf"', 'metric = "cosine"'), "rules.0.metric"),
         (('group_id = "vigil"', 'group_id = "vigil"\ncolour = 1'), "kafka.colour"),
         (("exactly_once = true", 'exactly_once = "maybe"'), "kafka.exactly_once"),
+        (("eps = 0.16", "eps = true"), "rules.0: Value error, eps: expected a number"),
+        (("port = 9464", "port = false"), "metrics: Value error, port: expected a number"),
         (('backend = "auto"', 'backend = "parallel:2:parallel"'), "rules.0"),
     ],
 )
