@@ -26,7 +26,7 @@ from rules.reach.network import Network, OnnxRunner
 from tests.conftest import SHARED_DATA
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "connectors" / "schemas"
-KEYS = {"row", "delta_max", "samples", "seconds"}
+KEYS = {"row", "valid", "delta_max", "samples", "seconds"}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,8 @@ def test_certify_prints_one_certificate_per_row(capsys, files, trained):
             assert worst_case(network, x, 1, entry["provable_delta"]).robust
     assert lines[0]["delta_max"] > 0 and lines[1]["delta_max"] > 0
     assert lines[2]["delta_max"] == 0.0 and lines[2]["provable_delta"] == 0.0
+    accepted = OnnxRunner(model)(rows)[:, 0] >= 0.5  # the deployed model's decision
+    assert [e["valid"] for e in lines] == accepted.tolist() == [True, True, False]
     # The probabilistic claim at delta_max, on fresh realisations: at most ~0.5 % fail.
     for entry, x in zip(lines[:2], rows[:2], strict=True):
         fresh = ShiftSample(network, x, 1, 4000, np.random.default_rng(11))

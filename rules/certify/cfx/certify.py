@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
+from rules.certify.cfx.decision import margins
 from rules.certify.cfx.milp import provable_delta_max
 from rules.certify.cfx.search import largest_delta
 from rules.reach.network import Network
@@ -41,7 +42,9 @@ def certify_rows(
     provable: bool = False,
     seed: int | None = 0,
 ) -> Iterator[dict]:
-    """One certificate per row: APΔS delta_max, samples used, optional provable delta, seconds.
+    """One certificate per row: whether the model gives it the target class now (``valid``;
+    an invalid row has delta_max 0 like a fragile one), APΔS delta_max, samples used, optional
+    provable delta, seconds.
 
     Each row draws from its own child of ``seed``, so a row's result does not depend on which
     other rows are certified with it.
@@ -51,7 +54,12 @@ def certify_rows(
     for i, (x, stream) in enumerate(zip(cfx, streams, strict=True)):
         start = time.perf_counter()
         sample = ShiftSample(network, x, target, n, np.random.default_rng(stream))
-        entry: dict = {"row": i, "delta_max": largest_delta(sample.robust_at), "samples": n}
+        entry: dict = {
+            "row": i,
+            "valid": bool(margins(network, x, target)[0] >= 0),
+            "delta_max": largest_delta(sample.robust_at),
+            "samples": n,
+        }
         if provable:
             entry["provable_delta"] = provable_delta_max(network, x, target)
         entry["seconds"] = time.perf_counter() - start
