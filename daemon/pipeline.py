@@ -1,12 +1,12 @@
 """consume -> decode -> route -> check -> emit -> commit, with snapshots and recovery.
 
-Guarantees (docs/architecture.md): alerts and dead letters of a batch are acknowledged
-before its offsets are committed (or committed with them in one Kafka transaction); a
-snapshot is only taken of state whose offsets are committed; after a restart each rule's
-state is restored from its newest snapshot and the records between the snapshot and the
-committed offset are replayed into it without emitting anything a second time. A record
-whose offloaded job has not delivered its result holds its partition's commit back, so a
-crash re-runs the job rather than losing its result.
+Guarantees (docs/architecture.md): every output is acknowledged before the offset of the
+record it answers is committed (with exactly-once, sent in the Kafka transaction that commits
+that record, and not before); a record whose offloaded job has not delivered its result
+holds its partition's commit back, so a crash re-runs the job rather than losing its result.
+After a restart each rule's state is restored from its newest snapshot the commit covers,
+and the records between the snapshot and the committed offset are replayed into it without
+emitting anything a second time.
 """
 
 from __future__ import annotations
