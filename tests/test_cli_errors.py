@@ -3,6 +3,9 @@ a broker that cannot be reached), no traceback, and nothing done before the chec
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -63,15 +66,23 @@ def test_an_empty_array_file_is_named(capsys, tmp_path, model):
     assert code == 2 and f"--cfx {tmp_path / 'empty.npy'}: not a .npy array" in err
 
 
-def test_an_unreachable_broker_is_an_error_not_a_traceback(capsys, tmp_path):
+def test_an_unreachable_broker_is_an_error_not_a_traceback(tmp_path):
     config = tmp_path / "vigil.toml"
     config.write_text(
         '[kafka]\nbootstrap_servers = "127.0.0.1:1"\n[metrics]\nenabled = false\n'
         f'[state]\ndir = "{tmp_path / "state"}"\n'
         '[[rules]]\nname = "r"\nkind = "ior"\ntopic = "t"\neps = 0.1\n'
     )
-    code, err = _error(capsys, ["run", "--config", str(config)])
-    assert code == 1 and "cannot reach the Kafka broker at 127.0.0.1:1" in err
+    # in a process of its own: `run` sets up the logging of the process it runs in
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "cannot reach the Kafka broker at 127.0.0.1:1" in result.stderr
+    assert "Traceback" not in result.stderr and "Unclosed" not in result.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "-1", "inf"])
