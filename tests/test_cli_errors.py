@@ -42,6 +42,7 @@ def _error(capsys, argv: list[str]) -> tuple[int, str]:
         (["--lower", "nan"], "feature bounds must be finite numbers with lower <= upper"),
         (["--lower", "2", "--upper", "1"], "feature bounds must be finite numbers"),
         (["--out", "/nonexistent/o.npy"], "no directory /nonexistent to write o.npy in"),
+        (["--delta", "0.1", "--gamma", "2"], "--delta, --gamma only apply with --robust"),
     ],
 )
 def test_explain_checks_bounds_and_output_before_working(capsys, tmp_path, model, args, message):

@@ -17,6 +17,9 @@ from rules.certify.cfx.certify import as_rows
 from rules.certify.cfx.generate import nearest_cfx, robust_cfx
 
 GROUP = None
+ROBUST_OPTIONS = {"delta": None, "test": "apas", "gamma": 0.999, "R": 0.995, "max_iterations": 20}
+"""Options of --robust and their defaults (left unset on the command line, to tell whether
+they were given)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,12 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--test",
         choices=["apas", "milp"],
-        default="apas",
-        help="robustness test: APΔS sampling or the exact MILP (worst case)",
+        help="robustness test: APΔS sampling (default) or the exact MILP (worst case)",
     )
-    p.add_argument("--gamma", type=float, default=0.999)
-    p.add_argument("--R", type=float, default=0.995)
-    p.add_argument("--max-iterations", type=int, default=20)
+    p.add_argument("--gamma", type=float, help="APΔS confidence (default 0.999)")
+    p.add_argument("--R", type=float, help="APΔS share of robust shifts (default 0.995)")
+    p.add_argument("--max-iterations", type=int, help="relaxations tried (default 20)")
     p.add_argument("--lower", type=float, default=0.0, help="lower bound of every feature")
     p.add_argument("--upper", type=float, default=1.0, help="upper bound of every feature")
     p.add_argument(
@@ -58,6 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    given = [f"--{k.replace('_', '-')}" for k in ROBUST_OPTIONS if getattr(args, k) is not None]
+    if given and not args.robust:
+        raise ValueError(f"{', '.join(given)} only apply with --robust")
+    for key, default in ROBUST_OPTIONS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     if args.robust and (args.delta is None or not (args.delta >= 0 and math.isfinite(args.delta))):
         raise ValueError(f"--robust needs a finite --delta >= 0, got {args.delta}")
     network = load_model(args.model)
