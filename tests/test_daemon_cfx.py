@@ -23,6 +23,7 @@ from daemon.service import run_daemon
 from daemon.state import SnapshotStore
 from rules.certify.cfx.certify import certify_rows
 from rules.reach.network import Network
+from tests.delivery import answers_within_commits
 from tests.oracle import witness_sets
 
 
@@ -130,13 +131,8 @@ async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(
         assert _outbox(metrics) == 0
     finally:
         pool.shutdown()
-    committed, answered = 0, []
-    for messages, offsets in sink.deliveries:
-        committed = offsets.get(("t", 0), committed)
-        for m in messages:
-            offset = orjson.loads(m.value)["source"]["offset"]
-            assert offset < committed, f"decision {offset} answered before its commit"
-            answered.append((m.topic, orjson.loads(m.value).get("decision", {}).get("id")))
+    events, committed = answers_within_commits(sink, ("t", 0))
+    answered = [(topic, event.get("decision", {}).get("id")) for topic, event in events]
     assert committed == 60
     truth = witness_sets(x, y, 0.3)
     flagged = [n for n, ws in enumerate(truth) if ws]

@@ -21,6 +21,7 @@ from daemon.pipeline import Pipeline, PipelineSettings
 from daemon.rules import RuleContext
 from daemon.state import SnapshotStore
 from tests import offload_jobs
+from tests.delivery import answers_within_commits
 
 
 @pytest.fixture
@@ -179,13 +180,8 @@ async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
         await pipeline.deliver_completed()
         if not rule.in_flight():
             break
-    committed, answered = 0, []
-    for messages, offsets in sink.deliveries:
-        committed = offsets.get(("requests", 0), committed)
-        for m in messages:
-            offset = orjson.loads(m.value)["source"]["offset"]
-            assert offset < committed, f"record {offset} answered before its commit"
-            answered.append((m.topic, offset))
+    events, committed = answers_within_commits(sink, ("requests", 0))
+    answered = [(topic, event["source"]["offset"]) for topic, event in events]
     assert committed == 5
     assert [o for topic, o in answered if topic == "certs"] == [0, 1, 3, 4]  # request order
     assert sorted(answered) == sorted(
