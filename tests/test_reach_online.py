@@ -175,3 +175,31 @@ def test_an_interval_too_wide_to_verify_is_halved_before_the_budget_is_spent(see
         result = verifier.step(inputs, net)
         assert result.branches < 1000 or result.rebuilt
         check_sound(verifier, result, inputs, net, spec, rng, worst)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 6])  # seeds whose weights stay inside at some steps
+def test_results_computed_inside_the_interval_are_computed_over_it(seed, monkeypatch):
+    """Inputs and weights drift together: a branch recomputed while the weights stay inside the
+    interval network is computed over that interval (its centre +- the range), not around the
+    current weights, whose own interval later weights may leave while staying inside."""
+    spec, domain = scenario(seed, "domain")
+    _, updates = scenario(seed, "updates")
+    computed_with: list[Network] = []
+
+    def recording(network, *args, **kwargs):
+        computed_with.append(network)
+        return evaluate(network, *args, **kwargs)
+
+    monkeypatch.setattr("rules.reach.online.evaluate", recording)
+    acc = Accelerations.parse("bmi+bmw+inn", inn=5.0)
+    verifier = OnlineVerifier(spec, max_branches=48, accelerations=acc)
+    inside = 0
+    for (inputs, _), (_, net) in zip(domain, updates, strict=True):
+        computed_with.clear()
+        verifier.step(inputs, net)
+        centre = verifier._centre
+        inside += centre is not net and bool(computed_with)
+        for network in computed_with:  # layers after the first are untouched by the basis
+            for w, c in zip(network.weights[1:], centre.weights[1:], strict=True):
+                np.testing.assert_array_equal(w, c)
+    assert inside

@@ -299,7 +299,8 @@ class OnlineVerifier:
         recentre = not weights_ok
         while True:
             start = self._recentre(network, first_changed) if recentre else 0
-            u_network, u_radius = basis.network(network), basis.radius(self._radius)
+            # over the interval network: its centre +- the range, whatever the weights now
+            u_network, u_radius = basis.network(self._centre), basis.radius(self._radius)
             incremental = same_box[todo] if start else np.zeros(todo.size, dtype=bool)
             for part, layer in ((incremental, start), (~incremental, 0)):
                 if not part.any():
