@@ -80,6 +80,19 @@ def test_sigmoid_head_and_export_round_trip():
     assert np.all((loaded.forward(x) > 0.5) == (loaded.logits(x) > 0))
 
 
+def test_a_network_owns_read_only_copies_and_shares_read_only_layers():
+    w, b = np.ones((2, 3), dtype=np.float32), np.zeros(2)
+    net = Network.from_arrays([(w, b)])
+    w[0, 0] = 5.0  # the caller's arrays stay the caller's
+    assert net.weights[0][0, 0] == 1.0 and net.weights[0].dtype == np.float64
+    with pytest.raises(ValueError, match="read-only"):
+        net.biases[0][0] = 1.0
+    again = Network.from_arrays([(net.weights[0], net.biases[0])])
+    assert again.weights[0] is net.weights[0] and again.biases[0] is net.biases[0]
+    view = net.weights[0][:1]  # a read-only view of shared memory is not taken as owned
+    assert Network.from_arrays([(view, net.biases[0][:1])]).weights[0] is not view
+
+
 def test_unsupported_operators_are_named():
     nodes = [
         helper.make_node("Gemm", ["x", "w", "b"], ["z"]),

@@ -34,6 +34,7 @@ class Branches:
     status: np.ndarray  # (B,) int8
     upper: np.ndarray  # (B, k) upper bounds of C y over the box (nan when not computed)
     point: np.ndarray  # (B, d) counterexample (u coordinates) of violated branches, else nan
+    gradient: np.ndarray  # (B, d) split scores of the last result (see ``Reach.gradient``)
     inputs: list[LayerInput] = field(default_factory=list)  # per layer, for incremental reuse
 
     def __len__(self) -> int:
@@ -45,7 +46,7 @@ class Branches:
             self.status[index],
             self.upper[index],
             self.point[index],
-            np.zeros(0),
+            self.gradient[index],
             [s.take(index) for s in self.inputs],
         )
         return Part(
@@ -195,15 +196,20 @@ def grow(
     *,
     method: str = "symbolic",
     radius: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    evaluated: Part | None = None,
 ) -> list[Part]:
     """The branching loop of Algorithm 1 from the given split boxes, all in u coordinates:
     boxes are tightened to ``region``, counterexamples must lie in ``inputs``, and the boxes
-    may grow to ``budget`` branches in all."""
+    may grow to ``budget`` branches in all. ``evaluated``: the boxes, already computed with
+    this network (their first evaluation is then not repeated)."""
     parts: list[Part] = []
     total = split_lo.shape[0]
     while split_lo.shape[0]:
-        lo, hi, empty = region.tighten(split_lo, split_hi)
-        ev = evaluate(network, inputs, spec, lo, hi, empty, method=method, radius=radius)
+        if evaluated is None:
+            lo, hi, empty = region.tighten(split_lo, split_hi)
+            ev = evaluate(network, inputs, spec, lo, hi, empty, method=method, radius=radius)
+        else:
+            lo, hi, ev, evaluated = evaluated.box_lo, evaluated.box_hi, evaluated.ev, None
         open_ = ev.status == UNKNOWN
         room = budget - total
         if not open_.any() or room <= 0 or (ev.status == VIOLATED).any():
@@ -254,5 +260,6 @@ def assemble(basis: Basis, parts: list[Part]) -> Branches:
         cat([e.status for e in evs]),
         cat([e.upper for e in evs]),
         cat([e.point for e in evs]),
+        cat([e.gradient for e in evs]),
         inputs,
     )

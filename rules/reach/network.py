@@ -19,6 +19,15 @@ OUTPUT_ACTIVATIONS = ("none", "sigmoid", "softmax")
 _PASS_THROUGH = {"Flatten", "Identity", "Dropout"}
 
 
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` as a read-only float64 array no one else can write to."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.flags.writeable or not a.flags.owndata:
+        a = a.copy()
+        a.flags.writeable = False
+    return a
+
+
 class UnsupportedModel(ValueError):
     """The ONNX graph is not a feed-forward ReLU network this module can load."""
 
@@ -28,7 +37,9 @@ class Network:
     """f = L_n o ReLU o ... o ReLU o L_1 with affine L_i(z) = W_i z + b_i, W_i of shape (out, in).
 
     ``output`` names a monotone activation applied after the last layer (sigmoid or softmax
-    for models that emit probabilities); the layers themselves end in logits.
+    for models that emit probabilities); the layers themselves end in logits. The arrays are
+    read-only float64 (writable ones are copied), so a layer array shared between two networks
+    is the same layer: the online verifier skips comparing it.
     """
 
     weights: tuple[np.ndarray, ...]
@@ -36,6 +47,8 @@ class Network:
     output: str = "none"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple(_frozen(w) for w in self.weights))
+        object.__setattr__(self, "biases", tuple(_frozen(b) for b in self.biases))
         if not self.weights or len(self.weights) != len(self.biases):
             raise ValueError("a network needs at least one layer and one bias per layer")
         width = self.weights[0].shape[1]
@@ -52,10 +65,11 @@ class Network:
     def from_arrays(
         cls, layers: list[tuple[np.ndarray, np.ndarray]], output: str = "none"
     ) -> Network:
-        """A network from (W (out, in), b) pairs, copied to float64."""
+        """A network from (W (out, in), b) pairs as float64 (read-only arrays are not copied)."""
+        biases = [np.asarray(b, dtype=np.float64) for _, b in layers]
         return cls(
-            tuple(np.array(w, dtype=np.float64) for w, _ in layers),
-            tuple(np.array(b, dtype=np.float64).reshape(-1) for _, b in layers),
+            tuple(np.asarray(w, dtype=np.float64) for w, _ in layers),
+            tuple(b if b.ndim == 1 else b.reshape(-1) for b in biases),
             output,
         )
 

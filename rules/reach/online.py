@@ -150,16 +150,16 @@ class OnlineVerifier:
         self._inputs: InputSet | None = None
         self._network: Network | None = None
         self._centre: Network | None = None  # the weights the results were computed around
-        self._params = np.zeros(0)  # the last network's parameters, flat
-        self._centre_params = np.zeros(0)  # the centre's, and the interval radius of each
-        self._param_radius = np.zeros(0)
         self._radius: list[tuple[np.ndarray, np.ndarray]] | None = None
         self._ranges = np.zeros(0)  # interval half-width per layer (0 without INN)
         self._change: np.ndarray | None = None  # largest one-step change seen, per layer
         self._coverage_now = 0.0
+        self._verdict: tuple[str, list[float] | None] = ("unknown", None)
         self._lipschitz: float | None = None
         self._samples: np.ndarray | None = None
         self._sample_branch = np.zeros(0, dtype=np.int64)
+        self._inside = np.zeros(0, dtype=bool)  # which samples lie in the set _inside_of
+        self._inside_of: InputSet | None = None
         self._boxes: tuple | None = None  # the input set in u and the branches' boxes in it
         self._baseline_coverage = 0.0
         self._exact_coverage = 0.0  # coverage of the last rebuild without interval weights
@@ -176,7 +176,7 @@ class OnlineVerifier:
             )
         start = time.perf_counter()
         first_changed = self._observe(network)
-        input_changed = self._inputs is None or not _same_set(inputs, self._inputs)
+        input_changed = self._inputs is None or not inputs.same_as(self._inputs)
         rebuild = (
             self.branches is None
             or self._rebuild_next
@@ -189,8 +189,9 @@ class OnlineVerifier:
         else:
             reused, recomputed = self._update(inputs, network, first_changed, input_changed)
         self._inputs, self._network = inputs, network
-        if rebuild or recomputed or input_changed:
+        if rebuild or recomputed or input_changed:  # else no branch changed since the last step
             self._coverage_now = self._coverage(inputs, fresh=rebuild)
+            self._verdict = overall(self.branches)
         coverage = self._coverage_now
         shrink = False
         if rebuild:
@@ -201,7 +202,7 @@ class OnlineVerifier:
                 shrink = True  # the interval is too wide to verify what the network satisfies
                 self._inn_scale = self._inn_scale / 2 if self._inn_scale > _MIN_INN_SCALE else 0.0
         self._rebuild_next = shrink or coverage < self._baseline_coverage - self.rebuild_drop
-        status, point = overall(self.branches)
+        status, point = self._verdict
         return StepResult(
             status,
             coverage,
@@ -215,13 +216,19 @@ class OnlineVerifier:
 
     def _observe(self, network: Network) -> int | None:
         """First layer whose weights changed since the last step (None: none, -1: new shape)."""
-        old, last, self._params = self._network, self._params, _parameters(network)
+        old = self._network
         if old is None:
             return None
         if [w.shape for w in old.weights] != [w.shape for w in network.weights]:
             return -1
-        per_array = np.maximum.reduceat(np.abs(self._params - last), _offsets(network))
-        change = per_array.reshape(-1, 2).max(axis=1)  # (weight, bias) per layer
+        change = np.array(
+            [
+                max(_distance(w, old_w), _distance(b, old_b))
+                for w, b, old_w, old_b in zip(
+                    network.weights, network.biases, old.weights, old.biases, strict=True
+                )
+            ]
+        )
         self._change = change if self._change is None else np.maximum(self._change, change)
         changed = np.flatnonzero(change)
         return int(changed[0]) if changed.size else None
@@ -232,9 +239,6 @@ class OnlineVerifier:
         self._lipschitz = None
         change = self._change if self._change is not None else np.zeros(len(network.weights))
         self._ranges = self.acc.inn * self._inn_scale * change
-        sizes = [w.size + b.size for w, b in zip(network.weights, network.biases, strict=True)]
-        self._centre_params = self._params
-        self._param_radius = np.repeat(self._ranges, sizes)
         self._radius = (
             [
                 (np.full(w.shape, r), np.full(b.shape, r))
@@ -244,11 +248,22 @@ class OnlineVerifier:
             else None
         )
 
-    def _weights_valid(self) -> bool:
-        """Whether the weights of the last observed network lie inside the interval network."""
-        if self._centre is None or self._params.size != self._centre_params.size:
+    def _weights_valid(self, network: Network) -> bool:
+        """Whether the weights of ``network`` lie inside the interval network."""
+        if self._centre is None:
             return False
-        return bool(np.all(np.abs(self._params - self._centre_params) <= self._param_radius))
+        centre = self._centre
+        for w, b, c_w, c_b, r in zip(
+            network.weights,
+            network.biases,
+            centre.weights,
+            centre.biases,
+            self._ranges,
+            strict=True,
+        ):
+            if _distance(w, c_w) > r or _distance(b, c_b) > r:
+                return False
+        return True
 
     def _rebuild(self, inputs: InputSet, network: Network) -> int:
         self._interval(network)
@@ -268,7 +283,7 @@ class OnlineVerifier:
         self, inputs: InputSet, network: Network, first_changed: int | None, input_changed: bool
     ) -> tuple[int, int]:
         br = self.branches
-        weights_ok = first_changed is None or self._weights_valid()
+        weights_ok = first_changed is None or self._weights_valid(network)
         if not input_changed and weights_ok and not (br.status == VIOLATED).any():
             return len(br), 0  # every result still stands for the same set and weights
         basis = br.basis
@@ -320,6 +335,7 @@ class OnlineVerifier:
                 )
                 br.box_lo[index], br.box_hi[index] = work_lo[index], work_hi[index]
                 br.status[index], br.upper[index], br.point[index] = ev.status, ev.upper, ev.point
+                br.gradient[index] = ev.gradient
                 for offset, state in enumerate(ev.inputs):
                     _put(br.inputs, layer + offset, index, state)
             refined = self._refine(region, work_region, u_network, u_radius)
@@ -360,23 +376,25 @@ class OnlineVerifier:
         budget = self._branch_limit() - (len(br) - parents.size)
         if parents.size == 0 or budget <= parents.size:
             return 0
+        evaluated = br.part(parents)  # their results are for this network and these boxes
         parts = grow(
             network,
             region,
             work_region,
             self.spec,
-            br.split_lo[parents],
-            br.split_hi[parents],
+            evaluated.split_lo,
+            evaluated.split_hi,
             budget,
             method=self.method,
             radius=radius,
+            evaluated=evaluated,
         )
         keep = np.setdiff1d(np.arange(len(br)), parents)
         self.branches = assemble(br.basis, [br.part(keep), *parts])
         self._boxes = None
         if self._samples is not None:
             self._sample_branch = self.branches.locate(self._samples)
-        return sum(p.split_lo.shape[0] for p in parts)
+        return 2 * (len(self.branches) - len(br))  # two new branches per bisection
 
     def _branch_limit(self) -> int:
         if self._ranges.any():
@@ -415,37 +433,21 @@ class OnlineVerifier:
         br = self.branches
         inside = None
         if not fresh and self._samples is not None:
-            inside = inputs.contains(self._samples)
+            known = self._inside_of is not None and inputs.same_as(self._inside_of)
+            inside = self._inside if known else inputs.contains(self._samples)
         if inside is None or inside.sum() < self.coverage_samples // 2:
             self._samples = sample(inputs, self.coverage_samples, self._rng, br.basis)
             self._sample_branch = br.locate(self._samples)
             inside = np.ones(self.coverage_samples, dtype=bool)
+        self._inside, self._inside_of = inside, inputs
         index = self._sample_branch[inside]
         return float(np.mean((index >= 0) & br.verified[np.maximum(index, 0)]))
 
 
-def _arrays(network: Network) -> list[np.ndarray]:
-    """W_1, b_1, W_2, b_2, ...: the order of ``_parameters``."""
-    return [a for pair in zip(network.weights, network.biases, strict=True) for a in pair]
-
-
-def _parameters(network: Network) -> np.ndarray:
-    """Every weight and bias as one vector."""
-    return np.concatenate([a.ravel() for a in _arrays(network)])
-
-
-def _offsets(network: Network) -> np.ndarray:
-    """Where each weight and bias array starts in ``_parameters``."""
-    return np.cumsum([0, *(a.size for a in _arrays(network)[:-1])])
-
-
-def _same_set(a: InputSet, b: InputSet) -> bool:
-    return (
-        np.array_equal(a.lower, b.lower)
-        and np.array_equal(a.upper, b.upper)
-        and np.array_equal(a.A, b.A)
-        and np.array_equal(a.b, b.b)
-    )
+def _distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest difference between two parameter arrays; 0 without a look when they are the
+    same (read-only) array."""
+    return 0.0 if a is b else float(np.abs(a - b).max(initial=0.0))
 
 
 def _put(layers: list[LayerInput], i: int, index: np.ndarray, state: LayerInput) -> None:

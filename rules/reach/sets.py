@@ -40,10 +40,16 @@ class InputSet:
             raise SpecError(f"A {a.shape} and b {b.shape} do not fit {lower.size} inputs")
         if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
             raise SpecError("A and b must be finite")
-        object.__setattr__(self, "lower", lower)
-        object.__setattr__(self, "upper", upper)
-        object.__setattr__(self, "A", a)
-        object.__setattr__(self, "b", b)
+        for name, value in (("lower", lower), ("upper", upper), ("A", a), ("b", b)):
+            value.flags.writeable = False
+            object.__setattr__(self, name, value)
+        object.__setattr__(
+            self, "_key", (a.shape, lower.tobytes(), upper.tobytes(), a.tobytes(), b.tobytes())
+        )
+
+    def same_as(self, other: InputSet) -> bool:
+        """Whether ``other`` is the same set, constraint for constraint."""
+        return self is other or self._key == other._key
 
     @property
     def dim(self) -> int:
