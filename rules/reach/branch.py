@@ -180,7 +180,7 @@ def reach_and_branch(
     inputs, network, radius = basis.inputs(inputs), basis.network(network), basis.radius(radius)
     root = np.full((1, inputs.dim), np.inf)
     parts = grow(
-        network, inputs, region, spec, -root, root, max_branches, method=method, radius=radius
+        network, inputs, region, spec, (-root, root), max_branches, method=method, radius=radius
     )
     return assemble(basis, parts)
 
@@ -190,19 +190,19 @@ def grow(
     inputs: InputSet,
     region: InputSet,
     spec: OutputSpec,
-    split_lo: np.ndarray,
-    split_hi: np.ndarray,
+    start: tuple[np.ndarray, np.ndarray] | Part,
     budget: int,
     *,
     method: str = "symbolic",
     radius: list[tuple[np.ndarray, np.ndarray]] | None = None,
-    evaluated: Part | None = None,
 ) -> list[Part]:
-    """The branching loop of Algorithm 1 from the given split boxes, all in u coordinates:
-    boxes are tightened to ``region``, counterexamples must lie in ``inputs``, and the boxes
-    may grow to ``budget`` branches in all. ``evaluated``: the boxes, already computed with
+    """The branching loop of Algorithm 1, all in u coordinates: boxes are tightened to
+    ``region``, counterexamples must lie in ``inputs``, and the boxes may grow to ``budget``
+    branches in all. ``start``: the split boxes (lo, hi), or branches already computed with
     this network (their first evaluation is then not repeated)."""
     parts: list[Part] = []
+    evaluated = start if isinstance(start, Part) else None
+    split_lo, split_hi = (start.split_lo, start.split_hi) if evaluated is not None else start
     total = split_lo.shape[0]
     while split_lo.shape[0]:
         if evaluated is None:

@@ -376,18 +376,15 @@ class OnlineVerifier:
         budget = self._branch_limit() - (len(br) - parents.size)
         if parents.size == 0 or budget <= parents.size:
             return 0
-        evaluated = br.part(parents)  # their results are for this network and these boxes
         parts = grow(
             network,
             region,
             work_region,
             self.spec,
-            evaluated.split_lo,
-            evaluated.split_hi,
+            br.part(parents),  # their results are for this network and these boxes
             budget,
             method=self.method,
             radius=radius,
-            evaluated=evaluated,
         )
         keep = np.setdiff1d(np.arange(len(br)), parents)
         self.branches = assemble(br.basis, [br.part(keep), *parts])
