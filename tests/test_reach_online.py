@@ -5,6 +5,8 @@ MILP at every step."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from rules.reach.basis import sample
 from rules.reach.branch import evaluate
 from rules.reach.network import Network
-from rules.reach.online import Accelerations, OnlineVerifier
+from rules.reach.online import Accelerations, OnlineVerifier, lipschitz_bound
 from rules.reach.sets import InputSet, OutputSpec
 from tests.milp_oracle import max_violation
 from tests.test_reach_soundness import random_network
@@ -203,3 +205,127 @@ def test_results_computed_inside_the_interval_are_computed_over_it(seed, monkeyp
             for w, c in zip(network.weights[1:], centre.weights[1:], strict=True):
                 np.testing.assert_array_equal(w, c)
     assert inside
+
+
+def _drifting_network(rng: np.random.Generator, dims: list[int]) -> Network:
+    layers = []
+    for i, o in itertools.pairwise(dims):
+        scale = rng.uniform(0.6, 1.6) / np.sqrt(i)
+        layers.append((rng.normal(0, scale, (o, i)), rng.normal(0, 0.3, o)))
+    return Network.from_arrays(layers)
+
+
+def test_a_recentre_after_drift_inside_the_interval_recomputes_the_drifted_layers():
+    """IC: the first layer drifts inside its interval (nothing recomputed), then the last layer
+    leaves its own. The new interval is centred on the drifted first layer, so bounds cached
+    around the old centre no longer cover it: recomputation must start at the first layer
+    whose centre moved, not at the layer that changed in this step."""
+    rng = np.random.default_rng(2)
+    net = _drifting_network(rng, [2, 8, 8, 1])
+    box = InputSet(-np.ones(2), np.ones(2))
+    xs = rng.uniform(-1, 1, (20000, 2))
+    spec = OutputSpec(np.array([[1.0]]), np.array([net.logits(xs).max() + 0.3]))
+    top = xs[np.argmax(net.logits(xs)[:, 0])]
+    pre = net.pre_activations(top[None])
+    grad = (net.weights[-1][0] * (pre[-1][0] > 0)) @ net.weights[1] * (pre[0][0] > 0)
+    up_w, up_b = np.sign(np.outer(grad, top)), np.sign(grad)  # raises the output at the top
+    acc = Accelerations.parse("bmw+inn+ic", inn=5.0)
+    verifier = OnlineVerifier(spec, max_branches=64, accelerations=acc)
+    verifier.step(box, net)
+    weights, biases = list(net.weights), list(net.biases)
+    last_change, recentred = 1e-9, 0
+    for _ in range(6):
+        for _ in range(4):
+            weights[0], biases[0] = weights[0] + 0.005 * up_w, biases[0] + 0.005 * up_b
+            net = Network.from_arrays(list(zip(weights, biases, strict=True)))
+            result = verifier.step(box, net)
+            assert result.status != "holds" or max_violation(net, box, spec)[0] <= 1e-7
+        last_change *= 7
+        weights[2] = weights[2] + last_change
+        net = Network.from_arrays(list(zip(weights, biases, strict=True)))
+        result = verifier.step(box, net)
+        recentred += result.recomputed > 0
+        assert result.status != "holds" or max_violation(net, box, spec)[0] <= 1e-7
+    assert recentred
+
+
+def test_a_branch_emptied_by_the_set_is_recomputed_when_it_fills_again():
+    """BMI + LB: a holding branch whose part of the set empties is marked empty; when the set
+    comes back into it, its old bound says nothing about the new box (and must not be moved
+    with the box), so it is recomputed rather than reused."""
+    rng = np.random.default_rng(17)
+    net = _drifting_network(rng, [2, 8, 8, 1])
+    start = InputSet(np.zeros(2), np.ones(2))
+    xs = rng.uniform(0, 1, (20000, 2))
+    spec = OutputSpec(np.array([[1.0]]), np.array([net.logits(xs).max() + 0.02]))
+    acc = Accelerations.parse("bmi+lb")
+    probe = OnlineVerifier(spec, max_branches=32, accelerations=acc)
+    probe.step(start, net)
+    br = probe.branches
+    i = next(
+        i
+        for i in np.flatnonzero(br.status == 1)
+        if np.isfinite(br.split_hi[i, 0]) and br.split_hi[i, 0] < 1
+    )
+    cut = br.split_hi[i, 0]
+    eps = (spec.d[0] - br.upper[i, 0]) / lipschitz_bound(list(net.weights)) / 4
+    zs = np.linspace(max(br.split_lo[i, 1], -6) + 1e-3, min(br.split_hi[i, 1], 7) - 1e-3, 400)
+    broken = spec.violation(net.logits(np.stack([np.full_like(zs, cut - eps), zs], 1))) > 1e-6
+    z = zs[np.flatnonzero(broken).max()]  # where the spec fails just inside the branch's cut
+    away = InputSet([cut + eps, z], [cut + eps + 1.0, z + 1.0])  # the branch's part is empty
+    back = InputSet([cut - eps, z], [cut - eps / 2, z + eps])  # inside the branch again
+    verifier = OnlineVerifier(spec, max_branches=32, accelerations=acc)
+    for inputs in (start, away, back):
+        result = verifier.step(inputs, net)
+        assert result.status != "holds" or max_violation(net, inputs, spec)[0] <= 1e-7
+    assert max_violation(net, back, spec)[0] > 0  # the last set does break the spec
+
+
+def test_counterexamples_break_the_current_weights_not_the_interval_centre():
+    """BMW + INN: a violated branch whose point no longer breaks the moved weights is searched
+    again; the search must use the weights now, not the interval network's centre."""
+    rng = np.random.default_rng(0)
+    w0, b0 = rng.normal(0, 0.7, (6, 2)), rng.normal(0, 0.3, 6)
+    w1 = rng.normal(0, 0.4, (1, 6))
+    box = InputSet(-np.ones(2), np.ones(2))
+    grid = np.stack(np.meshgrid(*[np.linspace(-1, 1, 201)] * 2), -1).reshape(-1, 2)
+
+    def network(shift: float) -> Network:
+        return Network.from_arrays([(w0, b0), (w1, np.array([shift]))])
+
+    spec = OutputSpec(np.array([[1.0]]), np.array([network(0.0).logits(grid).max() - 0.005]))
+    verifier = OnlineVerifier(
+        spec, max_branches=16, accelerations=Accelerations.parse("bmw+inn", inn=5.0)
+    )
+    # a change of 0.01 sets the interval to +-0.05; -0.03 is inside it and satisfies the spec
+    for shift in (0.0, 0.01, -0.03):
+        net = network(shift)
+        result = verifier.step(box, net)
+        if result.status == "violated":
+            point = np.array([result.counterexample])
+            assert spec.violation(net.logits(point))[0] > 0, shift
+    assert max_violation(network(-0.03), box, spec)[0] < 0
+
+
+@pytest.mark.parametrize(("seed", "side"), [(13, 1), (15, 0), (15, 1)])
+def test_a_violated_branch_emptied_and_refilled_is_not_taken_for_verified(seed, side):
+    """BMI: the set grows past a side where the spec fails (one branch violated), moves to a
+    corner (that branch empties) and grows back. "Empty" is a fact about the set, not a
+    result for the box: it stands only while the box stays empty, so the refilled branch
+    is computed again and found violated."""
+    rng = np.random.default_rng(seed)
+    net = _drifting_network(rng, [2, 8, 8, 1])
+    square = InputSet(np.zeros(2), np.ones(2))
+    top = max_violation(net, square, OutputSpec(np.array([[1.0]]), np.zeros(1)))[0]
+    spec = OutputSpec(np.array([[1.0]]), np.array([top + 0.01]))
+    upper = np.ones(2)
+    upper[side] = 1.05
+    grown = InputSet(np.zeros(2), upper)
+    xs = rng.uniform(0, 1, (2000, 2))
+    low = xs[np.argmin(net.logits(xs)[:, 0])]
+    corner = InputSet(low - 1e-3, low + 1e-3)
+    assert max_violation(net, grown, spec)[0] > 0
+    verifier = OnlineVerifier(spec, max_branches=64, accelerations=Accelerations.parse("bmi"))
+    statuses = [verifier.step(inputs, net).status for inputs in (square, grown, corner, grown)]
+    assert statuses[:2] == ["holds", "violated"]
+    assert statuses[3] != "holds"

@@ -106,8 +106,12 @@ def evaluate(
     start: int = 0,
     cached: list[LayerInput] | None = None,
     attack: bool = True,
+    target: Network | None = None,
 ) -> Evaluation:
-    """Reach sets of boxes [lo, hi] (already tightened to ``inputs``), then their statuses."""
+    """Reach sets of boxes [lo, hi] (already tightened to ``inputs``), then their statuses.
+
+    ``target``: the network counterexamples must break, when ``network`` (with ``radius``) is
+    an interval network around it rather than the network itself."""
     result = reach(
         network, lo, hi, spec.C, radius=radius, start=start, cached=cached, method=method, d=spec.d
     )
@@ -117,7 +121,9 @@ def evaluate(
     # no input of a box breaks the spec for the centre weights where their bound holds
     open_ = np.flatnonzero((status == UNKNOWN) & ~np.all(result.centre_upper <= spec.d, axis=1))
     if attack and open_.size:
-        found, where = counterexamples(network, inputs, spec, lo[open_], hi[open_])
+        found, where = counterexamples(
+            network if target is None else target, inputs, spec, lo[open_], hi[open_]
+        )
         status[open_[found]] = VIOLATED
         point[open_[found]] = where[found]
     return Evaluation(status, result.upper, point, result.gradient, result.inputs)
@@ -195,11 +201,13 @@ def grow(
     *,
     method: str = "symbolic",
     radius: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    target: Network | None = None,
 ) -> list[Part]:
     """The branching loop of Algorithm 1, all in u coordinates: boxes are tightened to
-    ``region``, counterexamples must lie in ``inputs``, and the boxes may grow to ``budget``
-    branches in all. ``start``: the split boxes (lo, hi), or branches already computed with
-    this network (their first evaluation is then not repeated)."""
+    ``region``, counterexamples must lie in ``inputs`` and break ``target`` (as in
+    `evaluate`), and the boxes may grow to ``budget`` branches in all. ``start``: the split
+    boxes (lo, hi), or branches already computed with this network (their first evaluation
+    is then not repeated)."""
     parts: list[Part] = []
     evaluated = start if isinstance(start, Part) else None
     split_lo, split_hi = (start.split_lo, start.split_hi) if evaluated is not None else start
@@ -207,7 +215,9 @@ def grow(
     while split_lo.shape[0]:
         if evaluated is None:
             lo, hi, empty = region.tighten(split_lo, split_hi)
-            ev = evaluate(network, inputs, spec, lo, hi, empty, method=method, radius=radius)
+            ev = evaluate(
+                network, inputs, spec, lo, hi, empty, method=method, radius=radius, target=target
+            )
         else:
             lo, hi, ev, evaluated = evaluated.box_lo, evaluated.box_hi, evaluated.ev, None
         open_ = ev.status == UNKNOWN

@@ -29,6 +29,7 @@ import numpy as np
 from rules.reach.basis import sample
 from rules.reach.branch import (
     EMPTY,
+    HOLDS,
     UNKNOWN,
     VIOLATED,
     Branches,
@@ -298,25 +299,33 @@ class OnlineVerifier:
         region, work_region, lo, hi, empty, work_lo, work_hi, work_empty = self._boxes
         same_box = np.all((work_lo == br.box_lo) & (work_hi == br.box_hi), axis=1)
         inside = np.all((lo >= br.box_lo) & (hi <= br.box_hi), axis=1)
-        holding = br.verified
+        holding = br.status == HOLDS
         valid = same_box | (holding & inside) if self.acc.bmi else same_box.copy()
         if self.acc.lb:
             valid |= holding & self._lipschitz_tolerates(lo, hi)
         valid &= weights_ok
         valid &= ~((br.status == VIOLATED) & ~self._still_violated(inputs, network))
+        # "empty" says nothing about the box's reach set: it stands while the box stays empty
+        valid &= (br.status != EMPTY) | empty
         now_empty = empty & ~valid
-        br.status[now_empty] = EMPTY
-        br.box_lo[now_empty], br.box_hi[now_empty] = lo[now_empty], hi[now_empty]
+        br.status[now_empty] = EMPTY  # box, bounds and cache stay those last computed
         valid |= now_empty
         todo = np.flatnonzero(~valid)
         if todo.size == 0:
             return len(br), 0
         recentre = not weights_ok
         while True:
-            start = self._recentre(network, first_changed) if recentre else 0
-            # over the interval network: its centre +- the range, whatever the weights now
+            start = self._recentre(network) if recentre else 0
+            # over the interval network: its centre +- the range, whatever the weights now;
+            # counterexamples must break the weights now
             u_network, u_radius = basis.network(self._centre), basis.radius(self._radius)
-            incremental = same_box[todo] if start else np.zeros(todo.size, dtype=bool)
+            target = None if network is self._centre else basis.network(network)
+            # an empty branch skipped the last recentres: its cache may be older than the centre
+            incremental = (
+                same_box[todo] & (br.status[todo] != EMPTY)
+                if start
+                else np.zeros(todo.size, dtype=bool)
+            )
             for part, layer in ((incremental, start), (~incremental, 0)):
                 if not part.any():
                     continue
@@ -332,13 +341,14 @@ class OnlineVerifier:
                     radius=u_radius,
                     start=layer,
                     cached=[s.take(index) for s in br.inputs[: layer + 1]] if layer else None,
+                    target=target,
                 )
                 br.box_lo[index], br.box_hi[index] = work_lo[index], work_hi[index]
                 br.status[index], br.upper[index], br.point[index] = ev.status, ev.upper, ev.point
                 br.gradient[index] = ev.gradient
                 for offset, state in enumerate(ev.inputs):
                     _put(br.inputs, layer + offset, index, state)
-            refined = self._refine(region, work_region, u_network, u_radius)
+            refined = self._refine(region, work_region, u_network, u_radius, target)
             br = self.branches
             if not (recentre and self._inn_scale) or self._interval_verifies(inputs):
                 return len(br) - todo.size, int(todo.size) + refined
@@ -347,15 +357,19 @@ class OnlineVerifier:
             work_lo, work_hi, work_empty = br.box_lo, br.box_hi, br.status == EMPTY
             same_box = np.ones(len(br), dtype=bool)
 
-    def _recentre(self, network: Network, first_changed: int | None) -> int:
+    def _recentre(self, network: Network) -> int:
         """Centre the interval on ``network``; returns the layer recomputation may start from
-        (IC: the first changed layer, when the intervals of the layers before it are unchanged)."""
-        kept = self._ranges
+        (IC: the first layer whose centre weights or range moved, so the cached bounds of the
+        layers before it were computed over the same interval layers)."""
+        old, kept = self._centre, self._ranges
         self._interval(network)
-        if not (self.acc.ic and first_changed):
+        if not self.acc.ic or old is None:
             return 0
-        unchanged = np.array_equal(kept[:first_changed], self._ranges[:first_changed])
-        return first_changed if unchanged else 0
+        layers = zip(network.weights, network.biases, old.weights, old.biases, strict=True)
+        for i, (w, b, old_w, old_b) in enumerate(layers):
+            if _distance(w, old_w) or _distance(b, old_b) or kept[i] != self._ranges[i]:
+                return i
+        return 0
 
     def _interval_verifies(self, inputs: InputSet) -> bool:
         """Whether the interval network, refined within the budget, keeps the coverage of the
@@ -368,6 +382,7 @@ class OnlineVerifier:
         work_region: InputSet,
         network: Network,
         radius: list[tuple[np.ndarray, np.ndarray]] | None,
+        target: Network | None,
     ) -> int:
         """Bisect branches left unknown, within the branch budget (smaller for an interval
         network, see ``_INN_BRANCH_FACTOR``); returns the branches computed."""
@@ -385,6 +400,7 @@ class OnlineVerifier:
             budget,
             method=self.method,
             radius=radius,
+            target=target,
         )
         keep = np.setdiff1d(np.arange(len(br)), parents)
         self.branches = assemble(br.basis, [br.part(keep), *parts])
