@@ -329,3 +329,39 @@ def test_a_violated_branch_emptied_and_refilled_is_not_taken_for_verified(seed, 
     statuses = [verifier.step(inputs, net).status for inputs in (square, grown, corner, grown)]
     assert statuses[:2] == ["holds", "violated"]
     assert statuses[3] != "holds"
+
+
+def test_a_network_with_non_finite_weights_is_rejected_without_touching_the_state():
+    rng = np.random.default_rng(0)
+    net = random_network(rng, [2, 6, 1])
+    box = InputSet(-np.ones(2), np.ones(2))
+    xs = rng.uniform(-1, 1, (20000, 2))
+    spec = OutputSpec(np.array([[1.0]]), np.array([net.logits(xs).max() + 0.05]))
+    broken_w = net.weights[0].copy()
+    broken_w[0, 0] = np.nan
+    broken = Network.from_arrays([(broken_w, net.biases[0]), (net.weights[1], net.biases[1])])
+    violating = Network.from_arrays(
+        [(net.weights[0] * 3, net.biases[0] + 1.0), (net.weights[1], net.biases[1])]
+    )
+    assert max_violation(violating, box, spec)[0] > 0
+    for method in ("bmw", "bmw+inn", "bmi+lb+bmw+inn+ic"):
+        verifier = OnlineVerifier(spec, max_branches=32, accelerations=Accelerations.parse(method))
+        assert verifier.step(box, net).status == "holds"
+        with pytest.raises(ValueError, match="layer 0 of the network has non-finite"):
+            verifier.step(box, broken)
+        assert verifier.step(box, violating).status != "holds", method
+    with pytest.raises(ValueError, match="non-finite"):
+        OnlineVerifier(spec).step(box, broken)
+
+
+def test_a_network_with_more_layers_rebuilds():
+    rng = np.random.default_rng(1)
+    small, deep = random_network(rng, [2, 6, 1]), random_network(rng, [2, 6, 6, 1])
+    box = InputSet(-np.ones(2), np.ones(2))
+    spec = OutputSpec(np.array([[1.0]]), np.array([10.0]))
+    acc = Accelerations.parse("bmi+lb+bmw+inn+ic")
+    verifier = OnlineVerifier(spec, max_branches=16, accelerations=acc)
+    for net in (small, random_network(rng, [2, 6, 1]), deep, deep):
+        result = verifier.step(box, net)
+    assert result.status == "holds"
+    assert not result.rebuilt and result.recomputed == 0

@@ -216,11 +216,17 @@ class OnlineVerifier:
         )
 
     def _observe(self, network: Network) -> int | None:
-        """First layer whose weights changed since the last step (None: none, -1: new shape)."""
+        """First layer whose weights changed since the last step (None: none, -1: new shape).
+
+        Non-finite weights are rejected before any state changes: a NaN range would let every
+        later network pass as inside the interval."""
         old = self._network
-        if old is None:
-            return None
-        if [w.shape for w in old.weights] != [w.shape for w in network.weights]:
+        if old is None or [w.shape for w in old.weights] != [w.shape for w in network.weights]:
+            layers = zip(network.weights, network.biases, strict=True)
+            _reject_non_finite([np.isfinite(w).all() and np.isfinite(b).all() for w, b in layers])
+            if old is None:
+                return None
+            self._change = None  # one-step changes of the old layers say nothing of the new
             return -1
         change = np.array(
             [
@@ -230,6 +236,7 @@ class OnlineVerifier:
                 )
             ]
         )
+        _reject_non_finite(np.isfinite(change))  # the old layers are finite
         self._change = change if self._change is None else np.maximum(self._change, change)
         changed = np.flatnonzero(change)
         return int(changed[0]) if changed.size else None
@@ -455,6 +462,12 @@ class OnlineVerifier:
         self._inside, self._inside_of = inside, inputs
         index = self._sample_branch[inside]
         return float(np.mean((index >= 0) & br.verified[np.maximum(index, 0)]))
+
+
+def _reject_non_finite(finite: list[bool] | np.ndarray) -> None:
+    bad = np.flatnonzero(~np.asarray(finite, dtype=bool))
+    if bad.size:
+        raise ValueError(f"layer {bad[0]} of the network has non-finite weights or biases")
 
 
 def _distance(a: np.ndarray, b: np.ndarray) -> float:
