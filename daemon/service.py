@@ -122,12 +122,9 @@ async def run_daemon(
         await pipeline.sink.start()
         await pipeline.source.start(pipeline.on_assign, pipeline.on_revoke)
     except BrokerUnavailable:
-        await pipeline.sink.stop()
-        await pipeline.source.stop()
+        await _close(pipeline, server)
         for rule in pipeline.rules:
             rule.close()
-        if server:
-            await server.stop()
         raise
     log.info(
         "started",
@@ -165,6 +162,10 @@ async def _shutdown(pipeline: Pipeline, server: OpsServer | None, drain_seconds:
         log.warning("shutdown_left_jobs_running")
     await pipeline.deliver_completed()
     await pipeline.snapshot_all()
+    await _close(pipeline, server)
+
+
+async def _close(pipeline: Pipeline, server: OpsServer | None) -> None:
     await pipeline.source.stop()
     await pipeline.sink.stop()
     if server:

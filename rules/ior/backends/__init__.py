@@ -6,7 +6,7 @@ from rules.ior.backends.bdd import BDDBackend
 from rules.ior.backends.bruteforce import BruteForceBackend
 from rules.ior.backends.grid import GridBackend
 from rules.ior.backends.kdtree import KDTreeBackend
-from rules.ior.backends.parallel import ParallelBackend
+from rules.ior.backends.parallel import ParallelBackend, check_options
 from rules.ior.backends.snn import SNNBackend
 
 BACKENDS: dict[str, type[Backend]] = {
@@ -39,12 +39,10 @@ def parse_backend(text: str) -> tuple[str, dict]:
     except ValueError:
         raise ValueError(f"{text!r}: blocks must be an integer") from None
     options.update(zip(("inner", "workers"), rest[1:], strict=False))
-    if options["blocks"] < 1:
-        raise ValueError(f"{text!r}: blocks must be >= 1")
-    if options.get("inner", "bruteforce") not in set(BACKENDS) - {"parallel"}:
-        raise ValueError(f"{text!r}: the inner backend must be one of the others")
-    if options.get("workers", "threads") not in ("threads", "processes"):
-        raise ValueError(f"{text!r}: workers must be 'threads' or 'processes'")
+    try:
+        check_options(**{"inner": "bruteforce", "workers": "threads", **options})
+    except ValueError as e:
+        raise ValueError(f"{text!r}: {e}") from None
     return name, options
 
 

@@ -96,6 +96,20 @@ def _shut(conn: Connection, proc: mp.process.BaseProcess) -> None:
         proc.kill()
 
 
+def check_options(blocks: int, inner: str, workers: str) -> None:
+    """Raise ValueError naming the first option a parallel backend cannot take (at config
+    time as well as when one is built)."""
+    from rules.ior.backends import BACKENDS
+
+    if blocks < 1:
+        raise ValueError(f"blocks must be >= 1, got {blocks}")
+    if inner not in BACKENDS or inner == ParallelBackend.name:
+        others = sorted(set(BACKENDS) - {ParallelBackend.name})
+        raise ValueError(f"inner backend {inner!r} is not one of {others}")
+    if workers not in ("threads", "processes"):
+        raise ValueError(f"workers must be 'threads' or 'processes', got {workers!r}")
+
+
 class ParallelBackend(Backend):
     """``blocks`` contiguous feature blocks (at most one per compared feature), each searched
     by an ``inner`` backend, in threads or (``workers="processes"``) in worker processes."""
@@ -110,17 +124,10 @@ class ParallelBackend(Backend):
         inner: str = "bruteforce",
         workers: str = "threads",
     ) -> None:
-        from rules.ior.backends import BACKENDS
-
+        check_options(blocks, inner, workers)
         super().__init__(spec, history)
         dim = history.x.shape[1]
-        if blocks < 1:
-            raise ValueError(f"blocks must be >= 1, got {blocks}")
         blocks = min(blocks, dim)
-        if inner not in BACKENDS or inner == self.name:
-            raise ValueError(f"inner backend {inner!r} is not one of {sorted(BACKENDS)}")
-        if workers not in ("threads", "processes"):
-            raise ValueError(f"workers must be 'threads' or 'processes', got {workers!r}")
         self.blocks, self.inner, self.workers = blocks, inner, workers
         self._columns = np.array_split(np.arange(dim), blocks)
         pool = ThreadPoolExecutor(blocks, thread_name_prefix="vigil-block")
