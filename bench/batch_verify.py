@@ -3,6 +3,7 @@
     python bench/batch_verify.py [--n 100] [--classes 0 3 8] [--nets 3x100 5x100]
                                  [--eps 0.02 0.03] [--max-batch 16] [--no-ablation]
                                  [--train standard|ibp] [--train-eps 0.05] [--repeats 1]
+                                 [--bounds lp|milp] [--bound-time 1.0]
 
 Networks are trained here on scikit-learn's 8x8 handwritten digits (pixels scaled to [0, 1]):
 fully connected ReLU MLPs, by scikit-learn (``--train standard``) or by certified interval
@@ -11,6 +12,8 @@ No convolutional network: the ONNX loader in rules/reach/network.py reads Gemm/M
 chains only. Each set holds the first ``--n`` inputs of one class; both
 verifiers run in this process on the same set, and the script fails unless every verdict is
 identical. The ablation replaces the Thompson-sampling batch sizes by random ones.
+``--bounds`` applies to both verifiers alike: LP tightening, or MILP tightening as in the
+paper's MIPVerify baseline and its Algorithms 2-3.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
 
-from rules.certify.batch import verify_inputs
+from rules.certify.batch import BOUNDS, Solver, verify_inputs
 from rules.reach.network import Network
 
 
@@ -109,14 +112,22 @@ def train_ibp(hidden: tuple[int, ...], eps: float, epochs: int = 60, seed: int =
     return Network.from_arrays(list(zip(ws, bs, strict=True))).to_onnx()
 
 
-def run(model: bytes, x, y, eps: float, method: str, sizer: str, mb: int, repeats: int):
+def run(model: bytes, x, y, eps: float, method: str, sizer: str, mb: int, repeats: int, solver):
     """Median wall time over ``repeats`` runs and the first run's report; every run must
     give the same verdicts."""
     times, first = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         report = verify_inputs(
-            model, x, y, eps, clip=(0.0, 1.0), max_batch=mb, method=method, sizer=sizer
+            model,
+            x,
+            y,
+            eps,
+            clip=(0.0, 1.0),
+            max_batch=mb,
+            method=method,
+            sizer=sizer,
+            solver=solver,
         )
         times.append(time.perf_counter() - start)
         if first is None:
@@ -142,13 +153,19 @@ def main() -> int:
         help="scikit-learn MLP, or certified interval training at --train-eps",
     )
     p.add_argument("--train-eps", type=float, default=0.05)
+    p.add_argument("--bounds", choices=BOUNDS, default="lp", help="neuron tightening, both methods")
+    p.add_argument("--bound-time", type=float, default=1.0, help="seconds per MILP bound")
     args = p.parse_args()
+    solver = Solver(bounds=args.bounds, bound_time=args.bound_time)
 
     digits = load_digits()
     x_all, y_all = digits.data / 16.0, digits.target
     header = (
         f"{'net':>6} {'eps':>5} {'class':>5} {'n':>4} {'robust':>6} {'!robust':>7} "
         f"{'1-by-1 s':>9} {'BaVerLy s':>9} {'speed-up':>8} {'random s':>9} {'MAB gain':>8}"
+    )
+    print(
+        f"bounds: {args.bounds}" + (f" ({args.bound_time} s each)" if args.bounds == "milp" else "")
     )
     print(header)
     speedups, gains = [], []
@@ -161,10 +178,10 @@ def main() -> int:
                 pick = np.flatnonzero(y_all == c)[: args.n]
                 x, y = x_all[pick], y_all[pick]
                 t_one, one = run(
-                    model, x, y, eps, "one-by-one", "thompson", args.max_batch, args.repeats
+                    model, x, y, eps, "one-by-one", "thompson", args.max_batch, args.repeats, solver
                 )
                 t_bat, bat = run(
-                    model, x, y, eps, "baverly", "thompson", args.max_batch, args.repeats
+                    model, x, y, eps, "baverly", "thompson", args.max_batch, args.repeats, solver
                 )
                 verdicts = [v["verdict"] for v in one.verdicts]
                 if verdicts != [v["verdict"] for v in bat.verdicts]:
@@ -173,7 +190,7 @@ def main() -> int:
                 t_rnd = float("nan")
                 if not args.no_ablation:
                     t_rnd, rnd = run(
-                        model, x, y, eps, "baverly", "random", args.max_batch, args.repeats
+                        model, x, y, eps, "baverly", "random", args.max_batch, args.repeats, solver
                     )
                     if verdicts != [v["verdict"] for v in rnd.verdicts]:
                         print(f"random-size verdicts differ: {spec} {eps} {c}", file=sys.stderr)

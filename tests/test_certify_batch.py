@@ -16,8 +16,8 @@ from scipy.spatial.distance import pdist
 from rules.certify.batch.bandit import RandomSizer, ThompsonSizer
 from rules.certify.batch.baverly import BatchVerifier, Stats, verify_one_by_one
 from rules.certify.batch.clustering import BatchTree, activation_patterns
-from rules.certify.batch.encoding import Layer, ReluModel, VerificationError
-from rules.certify.batch.mipverify import ball_box, verify_ball
+from rules.certify.batch.encoding import Layer, ReluModel, Solver, VerificationError
+from rules.certify.batch.mipverify import ball_box, prefix_bounds, verify_ball
 from rules.reach.network import Network
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -67,23 +67,85 @@ def oracle_robust(net: Network, box: Layer, label: int) -> bool:
     return True
 
 
-def margin(net: Network, x: np.ndarray, label: int) -> float:
-    z = net.logits(x[None, :])[0]
-    return float(np.max(np.delete(z, label)) - z[label])
+def exact_pre_bounds(net: Network, box: Layer, layer: int) -> Layer:
+    """Exact min and max of each pre-activation of hidden ``layer`` over the box: an LP per
+    activation pattern of the layers before it, no relaxation."""
+    d = net.input_dim
+    n = net.hidden_sizes[layer]
+    lower, upper = np.full(n, np.inf), np.full(n, -np.inf)
+    for bits in itertools.product([0, 1], repeat=sum(net.hidden_sizes[:layer])):
+        a_ub, b_ub = [], []
+        w_eff, b_eff = np.eye(d), np.zeros(d)
+        pos = 0
+        for i in range(layer):
+            w, b, width = net.weights[i], net.biases[i], net.hidden_sizes[i]
+            zw, zb = w @ w_eff, w @ b_eff + b
+            on = np.array(bits[pos : pos + width], dtype=bool)
+            pos += width
+            a_ub += list(-zw[on]) + list(zw[~on])
+            b_ub += list(zb[on]) + list(-zb[~on])
+            w_eff, b_eff = zw * on[:, None], zb * on
+        zw = net.weights[layer] @ w_eff
+        zb = net.weights[layer] @ b_eff + net.biases[layer]
+        for j in range(n):
+            for sign in (1.0, -1.0):
+                res = linprog(
+                    sign * zw[j],
+                    A_ub=np.array(a_ub) if a_ub else None,
+                    b_ub=np.array(b_ub) if b_ub else None,
+                    bounds=list(zip(box.lower, box.upper, strict=True)),
+                    method="highs",
+                )
+                if res.status == 0:
+                    value = sign * res.fun + zb[j]
+                    lower[j], upper[j] = min(lower[j], value), max(upper[j], value)
+    return Layer(lower, upper)
 
 
 @SLOW
 @given(
     seed=st.integers(0, 10_000),
     centre=st.lists(st.floats(-1, 1), min_size=2, max_size=2),
+    eps=st.floats(0.05, 0.8),
+)
+def test_milp_bounds_are_sound_exact_and_no_looser_than_lp(seed, centre, eps):
+    net = tiny_network(seed, sizes=(2, 3, 3, 3, 3))
+    box = ball_box(np.array(centre), eps, None)
+    lp = prefix_bounds(net, box, 3, Solver(bounds="lp"))
+    milp = prefix_bounds(net, box, 3, Solver(bounds="milp"))
+    for layer in (1, 2):
+        exact = exact_pre_bounds(net, box, layer)
+        assert np.all(milp[layer].lower <= exact.lower + 1e-9)
+        assert np.all(milp[layer].upper >= exact.upper - 1e-9)
+        # a neuron left unstable was tightened both ways: exact up to the solver's gap
+        unstable = milp[layer].unstable
+        tol = 1e-3 * (1.0 + np.abs(exact.lower) + np.abs(exact.upper))
+        assert np.all((milp[layer].lower - exact.lower)[unstable] >= -tol[unstable])
+        assert np.all((milp[layer].upper - exact.upper)[unstable] <= tol[unstable])
+        # and LP proved no neuron stable that MILP leaves open
+        assert not np.any(unstable & ~lp[layer].unstable)
+        assert np.all(milp[layer].lower[unstable] >= lp[layer].lower[unstable] - 1e-9)
+        assert np.all(milp[layer].upper[unstable] <= lp[layer].upper[unstable] + 1e-9)
+
+
+def margin(net: Network, x: np.ndarray, label: int) -> float:
+    z = net.logits(x[None, :])[0]
+    return float(np.max(np.delete(z, label)) - z[label])
+
+
+@pytest.mark.parametrize("bounds", ["lp", "milp"])
+@SLOW
+@given(
+    seed=st.integers(0, 10_000),
+    centre=st.lists(st.floats(-1, 1), min_size=2, max_size=2),
     eps=st.floats(0.05, 0.6),
 )
-def test_one_ball_verdict_matches_region_enumeration(seed, centre, eps):
+def test_one_ball_verdict_matches_region_enumeration(bounds, seed, centre, eps):
     net = tiny_network(seed)
     x = np.array(centre)
     label = int(np.argmax(net.logits(x[None, :])[0]))
     box = ball_box(x, eps, (-1.0, 1.0))
-    outcome = verify_ball(net, box, label)
+    outcome = verify_ball(net, box, label, solver=Solver(bounds=bounds))
     assert outcome.robust == oracle_robust(net, box, label)
     if not outcome.robust:
         adv = outcome.adversarial
@@ -91,6 +153,7 @@ def test_one_ball_verdict_matches_region_enumeration(seed, centre, eps):
         assert margin(net, adv, label) >= -1e-7
 
 
+@pytest.mark.parametrize("bounds", ["lp", "milp"])
 @SLOW
 @given(
     seed=st.integers(0, 10_000),
@@ -98,13 +161,13 @@ def test_one_ball_verdict_matches_region_enumeration(seed, centre, eps):
     eps=st.floats(0.05, 0.5),
     split=st.sampled_from([1, 2]),
 )
-def test_batch_verdicts_match_oracle_at_every_split(seed, centres, eps, split):
+def test_batch_verdicts_match_oracle_at_every_split(bounds, seed, centres, eps, split):
     net = tiny_network(seed)
     x = np.array(centres)
     label = int(np.argmax(net.logits(x[:1])[0]))
     x = x[np.argmax(net.logits(x), axis=1) == label]
     boxes = [ball_box(c, eps, None) for c in x]
-    verifier = BatchVerifier(net, boxes, label, None, 60.0, Stats())
+    verifier = BatchVerifier(net, boxes, label, None, Solver(60.0, bounds), Stats())
     verifier.run_batch(list(range(len(boxes))), split)
     for i, box in enumerate(boxes):
         assert verifier.outcomes[i].robust == oracle_robust(net, box, label)
@@ -116,8 +179,9 @@ def test_batch_verdicts_match_oracle_at_every_split(seed, centres, eps, split):
     n=st.integers(3, 9),
     eps=st.floats(0.05, 0.4),
     sizer=st.sampled_from(["thompson", "random"]),
+    bounds=st.sampled_from(["lp", "milp"]),
 )
-def test_baverly_equals_one_by_one(seed, n, eps, sizer):
+def test_baverly_equals_one_by_one(seed, n, eps, sizer, bounds):
     net = tiny_network(seed, sizes=(2, 5, 4, 3))
     rng = np.random.default_rng(seed)
     x = rng.uniform(-1, 1, size=(n, 2))
@@ -129,8 +193,9 @@ def test_baverly_equals_one_by_one(seed, n, eps, sizer):
         return margin(net, p, label) > 0
 
     stats = Stats()
-    batched = BatchVerifier(net, boxes, label, check, 60.0, stats).verify(3, sizer, seed)
-    alone = verify_one_by_one(net, boxes, label, check, 60.0)
+    solver = Solver(60.0, bounds)
+    batched = BatchVerifier(net, boxes, label, check, solver, stats).verify(3, sizer, seed)
+    alone = verify_one_by_one(net, boxes, label, check, Solver(60.0, "lp"))
     assert {i: o.robust for i, o in batched.items()} == {i: o.robust for i, o in alone.items()}
     for o in batched.values():
         if not o.robust:
@@ -143,7 +208,7 @@ def test_linear_classifier_is_verified_without_batches():
     x = np.random.default_rng(2).uniform(-1, 1, size=(6, 2))
     label = int(np.bincount(np.argmax(net.logits(x), axis=1)).argmax())
     boxes = [ball_box(c, 0.3, None) for c in x[np.argmax(net.logits(x), axis=1) == label]]
-    out = BatchVerifier(net, boxes, label, None, 60.0, Stats()).verify(4, "thompson", 0)
+    out = BatchVerifier(net, boxes, label, None, Solver(60.0), Stats()).verify(4, "thompson", 0)
     assert [out[i].robust for i in range(len(boxes))] == [
         oracle_robust(net, b, label) for b in boxes
     ]
@@ -164,7 +229,7 @@ def test_union_encoding_is_feasible_iff_point_in_some_box(hull, boxes, point):
     layers = [
         Layer(np.array([a for a, _ in b]) / 4, np.array([a + w for a, w in b]) / 4) for b in boxes
     ]
-    model = ReluModel(10.0)
+    model = ReluModel(Solver(10.0))
     model.start_union(layers, hull=hull)
     p = np.array(point) / 4
     alive_point = p[model.alive]
@@ -249,7 +314,7 @@ def test_timeout_is_an_error_not_a_verdict():
     x = np.zeros(8)
     label = int(np.argmax(net.logits(x[None, :])[0]))
     with pytest.raises(VerificationError):
-        verify_ball(net, ball_box(x, 0.5, None), label, time_limit=0.0)
+        verify_ball(net, ball_box(x, 0.5, None), label, solver=Solver(time_limit=0.0))
 
 
 def test_batch_over_budget_falls_back_to_single_balls():
@@ -260,7 +325,7 @@ def test_batch_over_budget_falls_back_to_single_balls():
     x = x[np.argmax(net.logits(x), axis=1) == label]
     boxes = [ball_box(c, 0.3, None) for c in x]
     stats = Stats()
-    verifier = BatchVerifier(net, boxes, label, None, 60.0, stats, batch_budget=0.0)
+    verifier = BatchVerifier(net, boxes, label, None, Solver(60.0), stats, batch_budget=0.0)
     verifier.run_batch(list(range(len(boxes))), 1)
     assert stats.fallbacks == 1
     assert [verifier.outcomes[i].robust for i in range(len(boxes))] == [
@@ -286,10 +351,10 @@ def test_time_breakdown_sums_to_the_wall_time():
     boxes = [ball_box(c, 0.05, None) for c in x[np.argmax(net.logits(x), axis=1) == label]]
     stats = Stats()
     start = time.perf_counter()
-    verifier = BatchVerifier(net, boxes, label, None, 60.0, stats)
+    verifier = BatchVerifier(net, boxes, label, None, Solver(60.0), stats)
     verifier.verify(4, "thompson", 0)
     wall = time.perf_counter() - start
     assert len(stats.split_layers) == 1 and stats.split_layers[0] in (1, 2, 3)
     assert sum(stats.as_dict()["time"].values()) <= wall + 1e-3
-    # the split probes are single-ball times: they bound the batches' budget from the start
-    assert len(verifier.single_times) >= 3 - stats.refinements
+    # the probe at the last layer costs what single balls do: it bounds the batches' budget
+    assert verifier.single_times

@@ -75,6 +75,28 @@ def test_cli_verdicts_match_baseline_and_witnesses_are_confirmed(digits_model, c
     assert results["baverly"] == results["one-by-one"]
 
 
+def test_cli_milp_bounds_give_the_lp_baseline_verdicts(digits_model, capsys):
+    d, *_ = digits_model
+    verdicts = {}
+    for name, extra in [
+        ("milp", ["--bounds", "milp", "--bound-time", "0.5"]),
+        ("lp", ["--baseline", "one-by-one"]),
+    ]:
+        out_file = d / f"bounds-{name}.jsonl"
+        code, out = _run(capsys, d, "--eps", "0.08", "--out", str(out_file), *extra)
+        assert code == 0, out.err
+        assert json.loads(out.out)["bounds"] == name
+        verdicts[name] = [json.loads(line)["verdict"] for line in out_file.read_text().splitlines()]
+    assert verdicts["milp"] == verdicts["lp"]
+    assert {"robust", "not_robust"} <= set(verdicts["lp"])
+
+
+def test_cli_rejects_a_non_positive_bound_time(digits_model, capsys):
+    d, *_ = digits_model
+    code, out = _run(capsys, d, "--eps", "0.05", "--bounds", "milp", "--bound-time", "0")
+    assert code == 2 and "--bound-time must be positive" in out.err
+
+
 def test_cli_sees_both_verdicts_across_radii(digits_model, capsys):
     d, *_ = digits_model
     kinds = set()
@@ -121,11 +143,11 @@ def _schema(name: str) -> dict:
 
 def test_job_result_validates_against_schema(digits_model):
     _, onnx, x, labels = digits_model
-    request = _request(onnx, x, labels.tolist(), eps=0.05, clip=[0, 1], max_batch=4)
+    request = _request(onnx, x, labels.tolist(), eps=0.05, clip=[0, 1], max_batch=4, bounds="milp")
     jsonschema.validate(request, _schema("batch_request.json"))
     result = run_job(request)
     jsonschema.validate(result, _schema("batch_result.json"))
-    assert result["summary"]["inputs"] == len(x)
+    assert result["summary"]["inputs"] == len(x) and result["summary"]["bounds"] == "milp"
     assert result["verdicts"][-1]["verdict"] == "misclassified"
 
 
@@ -138,6 +160,8 @@ def test_job_result_validates_against_schema(digits_model):
         ("max_batch", 0, "max_batch"),
         ("inputs", [[0.0, 2.0]], "features"),
         ("labels", [[3, 1], [3]], "labels"),
+        ("bounds", "exact", "'bounds'"),
+        ("bound_time", 0, "'bound_time'"),
     ],
 )
 def test_job_names_the_bad_field(digits_model, field, value, message):

@@ -10,7 +10,7 @@ import orjson
 from tqdm import tqdm
 
 from daemon.commands import load_npy, out_path, seed
-from rules.certify.batch import METHODS, SIZERS, VerificationError, verify_inputs
+from rules.certify.batch import BOUNDS, METHODS, SIZERS, Solver, VerificationError, verify_inputs
 
 GROUP = "verify"
 
@@ -41,6 +41,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify one input at a time instead (the MIPVerify-style baseline)",
     )
     p.add_argument("--sizer", choices=SIZERS, default="thompson", help="batch-size policy")
+    p.add_argument(
+        "--bounds",
+        choices=BOUNDS,
+        default="lp",
+        help="tighten unstable neurons by LP (fast) or by MILP (tighter; MIPVerify's strongest)",
+    )
+    p.add_argument(
+        "--bound-time",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds per neuron bound with --bounds milp (a stopped search stays sound)",
+    )
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", type=out_path, metavar="verdicts.jsonl", help="one JSON line per input")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -54,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     labels = load_npy(args.labels, "--labels")
     if inputs.ndim < 2:
         raise ValueError(f"--inputs: expected an (n, d) array, got shape {inputs.shape}")
+    if not args.bound_time > 0:
+        raise ValueError(f"--bound-time must be positive, got {args.bound_time}")
     bar = tqdm(total=len(inputs), unit="input", disable=args.no_progress, file=sys.stderr)
     try:
         report = verify_inputs(
@@ -66,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             method=args.baseline or "baverly",
             sizer=args.sizer,
             seed=args.seed,
+            solver=Solver(bounds=args.bounds, bound_time=args.bound_time),
             progress=bar.update,
         )
     except VerificationError as e:

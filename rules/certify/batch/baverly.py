@@ -15,7 +15,13 @@ import numpy as np
 
 from rules.certify.batch.bandit import RandomSizer, ThompsonSizer
 from rules.certify.batch.clustering import BatchTree, activation_patterns
-from rules.certify.batch.encoding import Layer, ReluModel, VerificationError, interval_layer
+from rules.certify.batch.encoding import (
+    Layer,
+    ReluModel,
+    Solver,
+    VerificationError,
+    interval_layer,
+)
 from rules.certify.batch.mipverify import (
     Check,
     Outcome,
@@ -33,6 +39,8 @@ Progress = Callable[[int], None]
 
 DEFAULT_BATCH_BUDGET = 5.0
 """Seconds one batch MILP run may take at most; past it the batch's balls are verified alone."""
+PROBE_SIZE = 4
+"""Balls per probe batch when the split layer is chosen."""
 BUDGET_FACTOR = 0.5
 """A batch may also take at most this many times what its balls would cost one by one
 (running mean of single-ball times), so a hopeless batch costs a bounded detour."""
@@ -77,7 +85,7 @@ class BatchVerifier:
         boxes: list[Layer],
         label: int,
         check: Check,
-        time_limit: float,
+        solver: Solver,
         stats: Stats,
         progress: Progress | None = None,
         batch_budget: float = DEFAULT_BATCH_BUDGET,
@@ -86,7 +94,7 @@ class BatchVerifier:
         self.boxes = boxes
         self.label = label
         self.check = check
-        self.time_limit = time_limit
+        self.solver = solver
         self.batch_budget = batch_budget
         self.single_times: list[float] = []
         self.stats = stats
@@ -100,9 +108,7 @@ class BatchVerifier:
     def run_batch(self, ids: list[int], split: int) -> tuple[int, float]:
         """Verify the balls ``ids`` jointly from ``split``; (balls proven in batch, batch time)."""
         start = time.perf_counter()
-        prefix = {
-            i: prefix_bounds(self.network, self.boxes[i], split, self.time_limit) for i in ids
-        }
+        prefix = {i: prefix_bounds(self.network, self.boxes[i], split, self.solver) for i in ids}
         bounded = time.perf_counter()
         self.stats.bounds += bounded - start
         posts = [prefix[i][-1].post for i in ids]
@@ -118,7 +124,7 @@ class BatchVerifier:
                 self.boxes[i],
                 self.label,
                 known=prefix[i],
-                time_limit=self.time_limit,
+                solver=self.solver,
             )  # no attack: verify() already ran it on every ball
             refine_time += time.perf_counter() - r0
             self.single_times.append(time.perf_counter() - r0)
@@ -129,7 +135,7 @@ class BatchVerifier:
         budget = self.batch_budget
         if self.single_times:
             budget = min(budget, BUDGET_FACTOR * len(ids) * float(np.mean(self.single_times)))
-        model = ReluModel(self.time_limit, budget)
+        model = ReluModel(self.solver, budget)
         over_budget = False
         try:
             model.start_union(posts)
@@ -179,22 +185,30 @@ class BatchVerifier:
         s = self.stats
         return s.bounds + s.batch + s.refine
 
-    def choose_split(self, pending: list[int], rng: np.random.Generator) -> int:
-        """Time one random ball per candidate split layer; keep the fastest (Algorithm 4)."""
+    def choose_split(self, tree: BatchTree, probe: int) -> int:
+        """Verify one small batch per candidate split layer; keep the fastest per ball.
+
+        The paper's Algorithm 4 times a single ball per layer, but a lone ball hides what
+        makes a split layer slow: the union of several balls' boxes loosening the suffix.
+        The probes are real batches (the tree's next ``probe`` similar balls), so their
+        verdicts stand. The last layer goes first: split there, every ball's bounds are
+        computed alone through the whole network, so its time per ball is a single ball's
+        cost, which bounds the budget of later batches.
+        """
         hidden = hidden_layers(self.network)
         if hidden <= 1:
             return hidden
-        times: dict[int, float] = {}
-        for k in range(1, hidden + 1):
-            if not pending:
+        per_ball: dict[int, float] = {}
+        for k in range(hidden, 0, -1):
+            if not tree.remaining():
                 break
-            i = pending.pop(int(rng.integers(len(pending))))
+            ids = tree.take(probe)
             t0, refined = time.perf_counter(), self.stats.refinements
-            self.run_batch([i], k)
-            times[k] = time.perf_counter() - t0
-            if self.stats.refinements == refined:  # a refinement logs its own single time
-                self.single_times.append(times[k])
-        return min(times, key=times.__getitem__) if times else hidden
+            self.run_batch(ids, k)
+            per_ball[k] = (time.perf_counter() - t0) / len(ids)
+            if k == hidden and self.stats.refinements == refined:  # refinements log their own
+                self.single_times.append(per_ball[k])
+        return min(per_ball, key=per_ball.__getitem__) if per_ball else hidden
 
     def verify(self, max_batch: int, sizer: str, seed: int) -> dict[int, Outcome]:
         """Verdicts for every ball, index into ``boxes``."""
@@ -210,22 +224,19 @@ class BatchVerifier:
         self.stats.falsify += t1 - t0
         if not hidden_layers(self.network):  # a linear classifier: nothing to batch
             for i in pending:
-                outcome = verify_ball(
-                    self.network, self.boxes[i], self.label, time_limit=self.time_limit
-                )
+                outcome = verify_ball(self.network, self.boxes[i], self.label, solver=self.solver)
                 self._decide(i, outcome)
             return self.outcomes
-        rng = np.random.default_rng(seed)
-        analysed = self._analysed()
-        split = self.choose_split(pending, rng)
-        self.stats.split_layers.append(split)
-        t2 = time.perf_counter()
-        self.stats.split += (t2 - t1) - (self._analysed() - analysed)  # probes count as work
         if not pending:
             return self.outcomes
         centres = np.stack([(self.boxes[i].lower + self.boxes[i].upper) / 2.0 for i in pending])
         tree = BatchTree(activation_patterns(self.network, centres), pending)
-        self.stats.cluster += time.perf_counter() - t2
+        t2 = time.perf_counter()
+        self.stats.cluster += t2 - t1
+        analysed = self._analysed()
+        split = self.choose_split(tree, min(PROBE_SIZE, max_batch))
+        self.stats.split_layers.append(split)
+        self.stats.split += (time.perf_counter() - t2) - (self._analysed() - analysed)
         chooser = (
             ThompsonSizer(max_batch, seed=seed)
             if sizer == "thompson"
@@ -243,13 +254,13 @@ def verify_one_by_one(
     boxes: list[Layer],
     label: int,
     check: Check,
-    time_limit: float,
+    solver: Solver,
     progress: Progress | None = None,
 ) -> dict[int, Outcome]:
     """The baseline: every ball verified alone over the whole network."""
     out = {}
     for i, box in enumerate(boxes):
-        out[i] = verify_ball(network, box, label, time_limit=time_limit, check=check)
+        out[i] = verify_ball(network, box, label, solver=solver, check=check)
         if progress:
             progress(1)
     return out

@@ -1,9 +1,10 @@
 """MIPVerify-style HiGHS model of a ReLU chain, grown one layer at a time.
 
-One model serves three purposes in turn: its LP relaxation tightens the next layer's bounds
-(the big-M ReLU encoding with continuous indicators is the triangle relaxation), the same
-model with integral indicators is the exact MILP, and the adversarial rows turn it into the
-robustness query. Stable ReLUs get no indicator, inactive ones no column at all.
+One model serves three purposes in turn: it tightens the next layer's bounds (by its LP
+relaxation, where the big-M ReLU encoding with continuous indicators is the triangle
+relaxation, or by the MILP itself), the same model with integral indicators is the exact
+MILP, and the adversarial rows turn it into the robustness query. Stable ReLUs get no
+indicator, inactive ones no column at all.
 """
 
 from __future__ import annotations
@@ -17,6 +18,34 @@ import numpy as np
 INF = highspy.kHighsInf
 BOUND_SLACK = 1e-6
 """Relative and absolute widening of LP-derived bounds, so solver tolerances never cut a point."""
+BOUNDS = ("lp", "milp")
+DEFAULT_TIME_LIMIT = 600.0
+"""Seconds one HiGHS run may take before the verifier gives up with an error (a safety net)."""
+DEFAULT_BOUND_TIME = 1.0
+
+
+@dataclass(frozen=True)
+class Solver:
+    """How unstable neurons are tightened, and how long HiGHS may run.
+
+    ``bounds="lp"`` tightens by the LP relaxation; ``"milp"`` by the MILP over everything
+    before the neuron (MIPVerify's strongest setting, the paper's Algorithms 2 and 3), each
+    bound capped at ``bound_time`` seconds and read from HiGHS's dual bound, which is sound
+    wherever the search stops. ``time_limit`` caps every other run; hitting it is an error.
+    """
+
+    time_limit: float = DEFAULT_TIME_LIMIT
+    bounds: str = "lp"
+    bound_time: float = DEFAULT_BOUND_TIME
+
+    def __post_init__(self) -> None:
+        if self.bounds not in BOUNDS:
+            raise ValueError(f"bounds must be one of {BOUNDS}, got {self.bounds!r}")
+        if not self.bound_time > 0.0:
+            raise ValueError(f"bound_time must be positive, got {self.bound_time}")
+
+
+DEFAULT_SOLVER = Solver()
 
 
 class VerificationError(RuntimeError):
@@ -57,12 +86,12 @@ def _widen(value: float, down: bool) -> float:
 class ReluModel:
     """A HiGHS model whose last block of columns is the current layer's activations."""
 
-    def __init__(self, time_limit: float, budget: float | None = None) -> None:
-        """``time_limit`` caps each HiGHS run; ``budget`` (seconds) caps the model's whole life."""
+    def __init__(self, solver: Solver, budget: float | None = None) -> None:
+        """``budget`` (seconds) caps the model's whole life."""
         self.h = highspy.Highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("threads", 1)
-        self.time_limit = float(time_limit)
+        self.solver = solver
         self.deadline = None if budget is None else time.perf_counter() + budget
         self.ncols = 0
         self.integers: list[int] = []
@@ -213,8 +242,15 @@ class ReluModel:
     def _set_cost(self, cols: np.ndarray, cost: np.ndarray) -> None:
         self.h.changeColsCost(len(cols), cols.astype(np.int32), cost.astype(np.float64))
 
-    def _run(self) -> None:
-        limit = self.time_limit
+    def _set_integral(self, integral: bool) -> None:
+        if not self.integers:
+            return
+        idx = np.asarray(self.integers, dtype=np.int32)
+        kind = highspy.HighsVarType.kInteger if integral else highspy.HighsVarType.kContinuous
+        self.h.changeColsIntegrality(len(idx), idx, np.full(len(idx), kind.value, dtype=np.uint8))
+
+    def _run(self, limit: float | None = None) -> None:
+        limit = self.solver.time_limit if limit is None else limit
         if self.deadline is not None:
             left = self.deadline - time.perf_counter()
             if left <= 0.0:
@@ -232,19 +268,32 @@ class ReluModel:
             return None
         return float(self.h.getInfo().objective_function_value)
 
+    def _floor(self, cols: np.ndarray, cost: np.ndarray) -> float | None:
+        """A sound lower bound of min cost . x[cols] from a time-capped MILP; None if none."""
+        self._set_cost(cols, cost)
+        self._run(min(self.solver.time_limit, self.solver.bound_time))
+        if self.h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+            return None
+        bound = float(self.h.getInfo().mip_dual_bound)
+        return bound if np.isfinite(bound) else None
+
     def tighten(self, w: np.ndarray, b: np.ndarray, pre: Layer) -> Layer:
-        """LP-tighten the unstable neurons of the next layer (W a + b) over the current model."""
+        """Tighten the unstable neurons of the next layer (W a + b) over the current model."""
         wa, off = self.affine(w, b)
         lower, upper = pre.lower.copy(), pre.upper.copy()
+        exact = self.solver.bounds == "milp" and bool(self.integers)
+        minimise = self._floor if exact else self._minimise
+        self._set_integral(exact)
         for j in np.flatnonzero(pre.unstable):
-            lo = self._minimise(self.current, wa[j])
+            lo = minimise(self.current, wa[j])
             if lo is not None:
                 lower[j] = max(lower[j], _widen(lo + off[j], down=True))
             if lower[j] >= 0.0:
                 continue
-            hi = self._minimise(self.current, -wa[j])
+            hi = minimise(self.current, -wa[j])
             if hi is not None:
                 upper[j] = min(upper[j], _widen(-hi + off[j], down=False))
+        self._set_integral(False)
         self._set_cost(self.current, np.zeros(len(self.current)))
         return Layer(lower, upper)
 
@@ -289,10 +338,7 @@ class ReluModel:
 
     def solve_milp(self) -> np.ndarray | None:
         """A feasible point of the MILP (all columns), or None when it is infeasible."""
-        if self.integers:
-            idx = np.asarray(self.integers, dtype=np.int32)
-            kinds = np.full(len(idx), highspy.HighsVarType.kInteger.value, dtype=np.uint8)
-            self.h.changeColsIntegrality(len(idx), idx, kinds)
+        self._set_integral(True)
         self._run()
         status = self.h.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
@@ -317,8 +363,7 @@ class ReluModel:
         idx = np.asarray(self.integers, dtype=np.int32)
         fixed = np.round(point[idx])
         self.h.changeColsBounds(len(idx), idx, fixed, fixed)
-        kinds = np.full(len(idx), highspy.HighsVarType.kContinuous.value, dtype=np.uint8)
-        self.h.changeColsIntegrality(len(idx), idx, kinds)
+        self._set_integral(False)
         diff_w, _ = self.margin
         best = self._minimise(self.current, -diff_w[target])
         if best is None:

@@ -8,6 +8,8 @@ Request (JSON-decoded dict):
     clip       [lo, hi]             optional valid input range; balls are intersected with it
     max_batch  int >= 1             optional, largest mini-batch (default 16)
     method     "baverly" | "one-by-one"   optional (default "baverly")
+    bounds     "lp" | "milp"        optional, how unstable neurons are tightened (default "lp")
+    bound_time float > 0            optional, seconds per neuron bound with "milp" (default 1)
 
 Result:
     verdicts   [{"index", "verdict": "robust"|"not_robust"|"misclassified",
@@ -21,6 +23,7 @@ import base64
 import binascii
 import math
 
+from rules.certify.batch.encoding import BOUNDS, DEFAULT_BOUND_TIME, Solver
 from rules.certify.batch.runner import InvalidBatchInput, InvalidModel, verify_inputs
 
 
@@ -54,6 +57,12 @@ def run_job(request: dict) -> dict:
     if isinstance(max_batch, bool) or not isinstance(max_batch, int):
         raise InvalidBatchInput(f"field 'max_batch' must be an integer, got {max_batch!r}")
     method = request.get("method", "baverly")
+    bounds = request.get("bounds", "lp")
+    if bounds not in BOUNDS:
+        raise InvalidBatchInput(f"field 'bounds' must be one of {BOUNDS}, got {bounds!r}")
+    bound_time = _number(request, "bound_time") if "bound_time" in request else DEFAULT_BOUND_TIME
+    if bound_time <= 0:
+        raise InvalidBatchInput(f"field 'bound_time' must be positive, got {bound_time!r}")
     try:
         report = verify_inputs(
             model,
@@ -63,6 +72,7 @@ def run_job(request: dict) -> dict:
             clip=clip,
             max_batch=max_batch,
             method=method,
+            solver=Solver(bounds=bounds, bound_time=bound_time),
         )
     except InvalidModel as e:
         raise InvalidBatchInput(f"field 'onnx': {e}") from None

@@ -8,11 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rules.certify.batch.attack import pgd_attack
-from rules.certify.batch.encoding import Layer, ReluModel, interval_layer
+from rules.certify.batch.encoding import DEFAULT_SOLVER, Layer, ReluModel, Solver, interval_layer
 from rules.reach.network import Network
-
-DEFAULT_TIME_LIMIT = 600.0
-"""Seconds one HiGHS run may take before the verifier gives up with an error (a safety net)."""
 
 Check = Callable[[np.ndarray], bool]
 """Does the reference model (onnxruntime) misclassify this input?"""
@@ -48,7 +45,7 @@ def hidden_bounds(
 ) -> list[Layer]:
     """Add hidden layers ``first``..``last - 1`` to ``model`` (current block spans ``start``).
 
-    Each layer gets interval bounds, then LP tightening of its unstable neurons; the first
+    Each layer gets interval bounds, then tightening of its unstable neurons; the first
     layer over an input box is exact by intervals alone. ``known`` bounds are used as given.
     """
     known = known or []
@@ -68,9 +65,9 @@ def hidden_bounds(
     return bounds
 
 
-def prefix_bounds(network: Network, box: Layer, upto: int, time_limit: float) -> list[Layer]:
+def prefix_bounds(network: Network, box: Layer, upto: int, solver: Solver) -> list[Layer]:
     """Pre-activation bounds of hidden layers 1..``upto`` for one ball."""
-    model = ReluModel(time_limit)
+    model = ReluModel(solver)
     model.start_box(box)
     return hidden_bounds(network, model, box, 0, upto)
 
@@ -97,7 +94,7 @@ def verify_ball(
     box: Layer,
     label: int,
     known: list[Layer] | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    solver: Solver = DEFAULT_SOLVER,
     check: Check | None = None,
 ) -> Outcome:
     """Is every input of ``box`` classified ``label``? ``known`` are reused prefix bounds.
@@ -107,7 +104,7 @@ def verify_ball(
     quick = falsify(network, box, label, check)
     if quick is not None:
         return quick
-    model = ReluModel(time_limit)
+    model = ReluModel(solver)
     model.start_box(box)
     hidden_bounds(network, model, box, 0, hidden_layers(network), known)
     point = attack(model, network, label)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
-from rules.certify.batch.encoding import VerificationError
-from rules.certify.batch.mipverify import DEFAULT_TIME_LIMIT, ball_box
+from rules.certify.batch.encoding import DEFAULT_SOLVER, Solver, VerificationError
+from rules.certify.batch.mipverify import ball_box
 from rules.reach.network import OnnxRunner, load_checked
 
 METHODS = ("baverly", "one-by-one")
@@ -105,10 +105,13 @@ def verify_inputs(
     method: str = "baverly",
     sizer: str = "thompson",
     seed: int = 0,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    solver: Solver = DEFAULT_SOLVER,
     progress: Progress | None = None,
 ) -> Report:
-    """Robust / not_robust / misclassified for every input's eps-ball (L-inf, clipped)."""
+    """Robust / not_robust / misclassified for every input's eps-ball (L-inf, clipped).
+
+    ``solver`` says how bounds are tightened (LP or MILP, in both methods alike).
+    """
     try:
         x = np.asarray(inputs, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -145,10 +148,10 @@ def verify_inputs(
         boxes = [ball_box(x[i], eps, clip) for i in members]
         check = _checker(runner, int(label))
         if method == "one-by-one":
-            outcomes = verify_one_by_one(network, boxes, int(label), check, time_limit, progress)
+            outcomes = verify_one_by_one(network, boxes, int(label), check, solver, progress)
         else:
             outcomes = BatchVerifier(
-                network, boxes, int(label), check, time_limit, stats, progress
+                network, boxes, int(label), check, solver, stats, progress
             ).verify(min(max_batch, len(boxes)), sizer, seed)
         for local, outcome in outcomes.items():
             i = int(members[local])
@@ -174,6 +177,7 @@ def verify_inputs(
         "misclassified": int(np.sum(predicted != y)),
         "seconds": round(time.perf_counter() - start, 4),
         "method": method,
+        "bounds": solver.bounds,
     }
     if method == "baverly":
         summary.update(stats.as_dict())
