@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rules.reach.basis import sample
 from rules.reach.branch import evaluate
 from rules.reach.network import Network
-from rules.reach.online import Accelerations, OnlineVerifier, lipschitz_bound
+from rules.reach.online import ACCELERATIONS, Accelerations, OnlineVerifier, lipschitz_bound
 from rules.reach.sets import InputSet, OutputSpec
 from tests.milp_oracle import max_violation
 from tests.test_reach_soundness import random_network
@@ -365,3 +365,53 @@ def test_a_network_with_more_layers_rebuilds():
         result = verifier.step(box, net)
     assert result.status == "holds"
     assert not result.rebuilt and result.recomputed == 0
+
+
+MOVES = ["first_layer", "raise_last", "lower_last", "corner", "back", "past_side"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    moves=st.lists(st.sampled_from(MOVES), min_size=3, max_size=8),
+    names=st.lists(st.sampled_from(ACCELERATIONS), min_size=1, max_size=6, unique=True),
+)
+def test_adversarial_drift_stays_sound(seed, moves, names):
+    """Sequences built from the moves that broke earlier versions: the first layer drifting
+    inside its interval, a later layer leaving it, the set collapsing to a corner (branches
+    empty) and coming back, the set growing past a side. Every step, under any combination of
+    accelerations: "holds" agrees with the MILP, verified branches hold on samples, and a
+    counterexample lies in the set and breaks the current network."""
+    rng = np.random.default_rng(seed)
+    net = _drifting_network(rng, [2, 8, 8, 1])
+    square = InputSet(np.zeros(2), np.ones(2))
+    top = max_violation(net, square, OutputSpec(np.array([[1.0]]), np.zeros(1)))[0]
+    spec = OutputSpec(np.array([[1.0]]), np.array([top + rng.choice([0.005, 0.05])]))
+    acc = Accelerations.parse("+".join(names), rsr=5e-3, inn=5.0)
+    verifier = OnlineVerifier(spec, max_branches=48, accelerations=acc)
+    weights, biases = list(net.weights), list(net.biases)
+    inputs = square
+    steps = [(inputs, net)]
+    for move in moves:
+        if move == "first_layer":
+            weights[0] = weights[0] + rng.choice([1e-3, 5e-3]) * rng.choice(
+                [-1, 1], weights[0].shape
+            )
+        elif move in ("raise_last", "lower_last"):
+            step = rng.choice([1e-3, 0.05])
+            biases[-1] = biases[-1] + (step if move == "raise_last" else -step)
+        elif move == "corner":
+            point = rng.uniform(0, 1, 2)
+            inputs = InputSet(point - 1e-3, point + 1e-3)
+        elif move == "back":
+            inputs = square
+        else:
+            upper = np.ones(2)
+            upper[rng.integers(2)] = 1.05
+            inputs = InputSet(np.zeros(2), upper)
+        net = Network.from_arrays(list(zip(weights, biases, strict=True)))
+        steps.append((inputs, net))
+    for inputs, net in steps:
+        result = verifier.step(inputs, net)
+        worst = max_violation(net, inputs, spec)[0] if result.status == "holds" else 0.0
+        check_sound(verifier, result, inputs, net, spec, rng, worst)
