@@ -13,11 +13,11 @@ from scipy.cluster.hierarchy import linkage, to_tree
 from scipy.optimize import linprog
 from scipy.spatial.distance import pdist
 
-from rules.certify.batch.bandit import RandomSizer, ThompsonSizer
+from rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
 from rules.certify.batch.baverly import BatchVerifier, Stats, verify_one_by_one
 from rules.certify.batch.clustering import BatchTree, activation_patterns
 from rules.certify.batch.encoding import Layer, ReluModel, Solver, VerificationError
-from rules.certify.batch.mipverify import ball_box, prefix_bounds, verify_ball
+from rules.certify.batch.mipverify import Outcome, ball_box, prefix_bounds, verify_ball
 from rules.reach.network import Network
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -303,6 +303,19 @@ def test_thompson_sizer_settles_on_the_fastest_size():
     assert picks[-40:].count(8) >= 30
 
 
+def test_split_chooser_tries_every_layer_then_weighs_time_not_batches():
+    chooser = SplitChooser(3)
+    order = []
+    for seconds in (1.0, 0.5, 0.04):
+        order.append(chooser.choose())
+        chooser.update(order[-1], 4, seconds)
+    assert order == [3, 2, 1] and not chooser.exploring
+    assert chooser.choose() == 1
+    chooser.update(1, 16, 16.0)  # a large batch at layer 1 failed and refined every ball
+    # layer 1 still has the best mean velocity (100 and 1 balls/s), but 20 balls took 16 s
+    assert chooser.choose() == 2
+
+
 def test_random_sizer_stays_in_range():
     sizer = RandomSizer(5, seed=0)
     picks = {sizer.choose() for _ in range(200)}
@@ -354,7 +367,26 @@ def test_time_breakdown_sums_to_the_wall_time():
     verifier = BatchVerifier(net, boxes, label, None, Solver(60.0), stats)
     verifier.verify(4, "thompson", 0)
     wall = time.perf_counter() - start
-    assert len(stats.split_layers) == 1 and stats.split_layers[0] in (1, 2, 3)
+    assert len(stats.split_layers) == stats.batches and set(stats.split_layers) <= {1, 2, 3}
+    assert stats.split_layers[:3] == [3, 2, 1]  # every split layer tried, the last first
     assert sum(stats.as_dict()["time"].values()) <= wall + 1e-3
-    # the probe at the last layer costs what single balls do: it bounds the batches' budget
+    # a batch split at the last layer costs what single balls do: it bounds later budgets
     assert verifier.single_times
+
+
+def test_batches_leave_a_split_layer_that_proves_slowly(monkeypatch):
+    net = tiny_network(3, sizes=(2, 6, 6, 6, 3))
+    boxes = [ball_box(c, 0.05, None) for c in np.random.default_rng(2).uniform(-1, 1, (60, 2))]
+    verifier = BatchVerifier(net, boxes, 0, None, Solver(60.0), Stats())
+
+    def run_batch(ids, split):
+        time.sleep(0.02 if split == 1 else 0.002)  # split 1: ten times slower per ball
+        for i in ids:
+            verifier._decide(i, Outcome(True))
+        return len(ids), 0.01
+
+    monkeypatch.setattr(verifier, "run_batch", run_batch)
+    verifier.verify(4, "thompson", 0)
+    later = verifier.stats.split_layers[3:]
+    assert len(verifier.outcomes) == len(boxes)
+    assert later.count(1) <= len(later) // 4

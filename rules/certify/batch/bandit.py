@@ -66,3 +66,35 @@ class RandomSizer:
 
     def update(self, chosen: int, velocity: float) -> None:
         """Random sizes ignore rewards."""
+
+
+class SplitChooser:
+    """The split layer of the next batch: each layer 1..``hidden`` once, the last first, then
+    the layer with the fewest seconds per ball decided so far.
+
+    Totals, not a mean of per-batch velocities: a few small batches of near-identical balls
+    verify very fast at an early split while the large ones fail and refine, and a mean of
+    velocities would keep favouring that layer although it costs the most time in all.
+    """
+
+    def __init__(self, hidden: int) -> None:
+        if hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {hidden}")
+        self.balls = dict.fromkeys(range(hidden, 0, -1), 0)
+        self.seconds = dict.fromkeys(range(hidden, 0, -1), 0.0)
+
+    @property
+    def exploring(self) -> bool:
+        """Some layer has not been tried yet."""
+        return not all(self.balls.values())
+
+    def choose(self) -> int:
+        untried = [k for k, n in self.balls.items() if not n]
+        if untried:
+            return untried[0]
+        return min(self.balls, key=lambda k: self.seconds[k] / self.balls[k])
+
+    def update(self, split: int, balls: int, seconds: float) -> None:
+        """A batch of ``balls`` split at ``split`` took ``seconds``, refinements included."""
+        self.balls[split] += balls
+        self.seconds[split] += seconds

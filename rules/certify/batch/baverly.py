@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rules.certify.batch.bandit import RandomSizer, ThompsonSizer
+from rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
 from rules.certify.batch.clustering import BatchTree, activation_patterns
 from rules.certify.batch.encoding import (
     Layer,
@@ -40,7 +40,7 @@ Progress = Callable[[int], None]
 DEFAULT_BATCH_BUDGET = 5.0
 """Seconds one batch MILP run may take at most; past it the batch's balls are verified alone."""
 PROBE_SIZE = 4
-"""Balls per probe batch when the split layer is chosen."""
+"""Balls per batch while some split layer has not been tried yet."""
 BUDGET_FACTOR = 0.5
 """A batch may also take at most this many times what its balls would cost one by one
 (running mean of single-ball times), so a hopeless batch costs a bounded detour."""
@@ -51,7 +51,6 @@ class Stats:
     """Where the time went (seconds) and how often batches needed refinement."""
 
     falsify: float = 0.0
-    split: float = 0.0
     cluster: float = 0.0
     bounds: float = 0.0
     batch: float = 0.0
@@ -66,7 +65,7 @@ class Stats:
         return {
             "time": {
                 k: round(getattr(self, k), 4)
-                for k in ("falsify", "split", "cluster", "bounds", "batch", "refine")
+                for k in ("falsify", "cluster", "bounds", "batch", "refine")
             },
             "batches": self.batches,
             "refinements": self.refinements,
@@ -181,35 +180,6 @@ class BatchVerifier:
         self.stats.batch_sizes.append(len(ids))
         return len(members), (bounded - start) + elapsed
 
-    def _analysed(self) -> float:
-        s = self.stats
-        return s.bounds + s.batch + s.refine
-
-    def choose_split(self, tree: BatchTree, probe: int) -> int:
-        """Verify one small batch per candidate split layer; keep the fastest per ball.
-
-        The paper's Algorithm 4 times a single ball per layer, but a lone ball hides what
-        makes a split layer slow: the union of several balls' boxes loosening the suffix.
-        The probes are real batches (the tree's next ``probe`` similar balls), so their
-        verdicts stand. The last layer goes first: split there, every ball's bounds are
-        computed alone through the whole network, so its time per ball is a single ball's
-        cost, which bounds the budget of later batches.
-        """
-        hidden = hidden_layers(self.network)
-        if hidden <= 1:
-            return hidden
-        per_ball: dict[int, float] = {}
-        for k in range(hidden, 0, -1):
-            if not tree.remaining():
-                break
-            ids = tree.take(probe)
-            t0, refined = time.perf_counter(), self.stats.refinements
-            self.run_batch(ids, k)
-            per_ball[k] = (time.perf_counter() - t0) / len(ids)
-            if k == hidden and self.stats.refinements == refined:  # refinements log their own
-                self.single_times.append(per_ball[k])
-        return min(per_ball, key=per_ball.__getitem__) if per_ball else hidden
-
     def verify(self, max_batch: int, sizer: str, seed: int) -> dict[int, Outcome]:
         """Verdicts for every ball, index into ``boxes``."""
         t0 = time.perf_counter()
@@ -233,19 +203,25 @@ class BatchVerifier:
         tree = BatchTree(activation_patterns(self.network, centres), pending)
         t2 = time.perf_counter()
         self.stats.cluster += t2 - t1
-        analysed = self._analysed()
-        split = self.choose_split(tree, min(PROBE_SIZE, max_batch))
-        self.stats.split_layers.append(split)
-        self.stats.split += (time.perf_counter() - t2) - (self._analysed() - analysed)
-        chooser = (
+        sizes = (
             ThompsonSizer(max_batch, seed=seed)
             if sizer == "thompson"
             else RandomSizer(max_batch, seed=seed)
         )
+        hidden = hidden_layers(self.network)
+        splits = SplitChooser(hidden)
         while tree.remaining():
-            chosen = chooser.choose()
-            proven, seconds = self.run_batch(tree.take(chosen), split)
-            chooser.update(chosen, proven / max(seconds, 1e-9))
+            split = splits.choose()
+            size = min(PROBE_SIZE, max_batch) if splits.exploring else sizes.choose()
+            ids = tree.take(size)
+            began, refined = time.perf_counter(), self.stats.refinements
+            proven, seconds = self.run_batch(ids, split)
+            total = time.perf_counter() - began
+            sizes.update(size, proven / max(seconds, 1e-9))
+            splits.update(split, len(ids), total)
+            self.stats.split_layers.append(split)
+            if split == hidden and self.stats.refinements == refined:
+                self.single_times.append(total / len(ids))
         return self.outcomes
 
 

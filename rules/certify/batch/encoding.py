@@ -22,6 +22,7 @@ BOUNDS = ("lp", "milp")
 DEFAULT_TIME_LIMIT = 600.0
 """Seconds one HiGHS run may take before the verifier gives up with an error (a safety net)."""
 DEFAULT_BOUND_TIME = 1.0
+"""Seconds one neuron's MILP bound may search; where it stops, its dual bound is used."""
 
 
 @dataclass(frozen=True)
