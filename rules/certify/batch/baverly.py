@@ -192,7 +192,8 @@ class BatchVerifier:
                 self._decide(i, found)
         t1 = time.perf_counter()
         self.stats.falsify += t1 - t0
-        if not hidden_layers(self.network):  # a linear classifier: nothing to batch
+        hidden = hidden_layers(self.network)
+        if not hidden:  # a linear classifier: nothing to batch
             for i in pending:
                 outcome = verify_ball(self.network, self.boxes[i], self.label, solver=self.solver)
                 self._decide(i, outcome)
@@ -208,7 +209,6 @@ class BatchVerifier:
             if sizer == "thompson"
             else RandomSizer(max_batch, seed=seed)
         )
-        hidden = hidden_layers(self.network)
         splits = SplitChooser(hidden)
         while tree.remaining():
             split = splits.choose()

@@ -284,7 +284,8 @@ class ReluModel:
         lower, upper = pre.lower.copy(), pre.upper.copy()
         exact = self.solver.bounds == "milp" and bool(self.integers)
         minimise = self._floor if exact else self._minimise
-        self._set_integral(exact)
+        if exact:
+            self._set_integral(True)
         for j in np.flatnonzero(pre.unstable):
             lo = minimise(self.current, wa[j])
             if lo is not None:
@@ -294,7 +295,8 @@ class ReluModel:
             hi = minimise(self.current, -wa[j])
             if hi is not None:
                 upper[j] = min(upper[j], _widen(-hi + off[j], down=False))
-        self._set_integral(False)
+        if exact:
+            self._set_integral(False)
         self._set_cost(self.current, np.zeros(len(self.current)))
         return Layer(lower, upper)
 
