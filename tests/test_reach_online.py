@@ -281,6 +281,31 @@ def test_a_branch_emptied_by_the_set_is_recomputed_when_it_fills_again():
     assert max_violation(net, back, spec)[0] > 0  # the last set does break the spec
 
 
+def test_a_branch_emptied_across_a_recentre_is_not_restarted_from_its_cache():
+    """IC: while the set sits in one corner, the other branches are empty and skip the
+    recentre for a first-layer change; when the set comes back to the same boxes and only the
+    last layer moved, those branches' cached first-layer bounds are from the network before
+    the change, so they must be recomputed from the first layer, not restarted from the cache."""
+    rng = np.random.default_rng(0)
+    net = _drifting_network(rng, [2, 8, 8, 1])
+    square = InputSet(np.zeros(2), np.ones(2))
+    top = max_violation(net, square, OutputSpec(np.array([[1.0]]), np.zeros(1)))[0]
+    spec = OutputSpec(np.array([[1.0]]), np.array([top + 0.005]))
+    acc = Accelerations.parse("bmi+bmw+ic")
+    verifier = OnlineVerifier(spec, max_branches=48, accelerations=acc)
+    weights, biases = list(net.weights), list(net.biases)
+    corner = InputSet(np.zeros(2), np.full(2, 1e-3))
+    verifier.step(square, net)
+    weights[0] = weights[0] * 1.1
+    steps = [(corner, Network.from_arrays(list(zip(weights, biases, strict=True))))]
+    biases[-1] = biases[-1] - 1e-4
+    steps.append((square, Network.from_arrays(list(zip(weights, biases, strict=True)))))
+    for inputs, net in steps:
+        result = verifier.step(inputs, net)
+        assert result.status != "holds" or max_violation(net, inputs, spec)[0] <= 1e-7
+    assert max_violation(net, square, spec)[0] > 0
+
+
 def test_counterexamples_break_the_current_weights_not_the_interval_centre():
     """BMW + INN: a violated branch whose point no longer breaks the moved weights is searched
     again; the search must use the weights now, not the interval network's centre."""
