@@ -2,13 +2,13 @@
 
 A base network (20, 10 ReLU hidden units, as in the paper) is trained on a random half D1 of
 the data. The shifted model is that network retrained on all the data: its training resumed
-from the base weights on D1 and D2 until it converges again. A model trained from scratch on
-all of it is reported too. 50 rejected applicants get a robust counterfactual from Algorithm 2
-with the exact MILP test (the MILP-R baseline) and with the APΔS test, each at several target
-shifts delta (0.05 is the paper's Credit setting), so durability can be read against cost.
-Reported per row: VM1 (valid on the base model), VM2 (valid after retraining) and VM2s (valid
-on the from-scratch model) as shares of the applicants asked, a counterfactual not found
-counting as not valid (as the paper's evaluation code does), VM2 over the counterfactuals
+from the base weights on D1 and D2 until it converges again (or max_iter). A model trained from
+scratch on all of it is reported too. 50 rejected applicants get a robust counterfactual from
+Algorithm 2 with the exact MILP test (the MILP-R baseline) and with the APΔS test, each at
+several target shifts delta (0.05 is the paper's Credit setting), so durability can be read
+against cost. Reported per row: VM1 (valid on the base model), VM2 (valid after retraining) and
+VM2s (valid on the from-scratch model) as shares of the applicants asked, a counterfactual not
+found counting as not valid (as the paper's evaluation code does), VM2 over the counterfactuals
 found, mean L1 cost, mean LOF plausibility (+1 inlier, -1 outlier) and seconds per
 counterfactual. Then the delta_max search time of APΔS (batched) against a loop over sampled
 models, the provable delta of the MILP, and the probabilistic guarantee checked by exact
@@ -71,8 +71,8 @@ def train_models(
     """Base (D1), retrained (the base's training resumed on all data), scratch (all data).
 
     Retraining keeps the base weights (warm start) and restarts the run: a fresh optimiser
-    and a fresh convergence test (``best_loss_`` reset, otherwise the base's low loss on D1
-    stops it after ``n_iter_no_change`` epochs).
+    and a fresh convergence test (``best_loss_`` reset: the base's low loss on D1 and its
+    spent patience would otherwise stop it after one epoch).
     """
 
     def classifier() -> MLPClassifier:
@@ -170,21 +170,24 @@ def table1(args: argparse.Namespace) -> None:
         c = np.array([cfxs[k] for k in ok]).reshape(len(ok), x.shape[1])
         valid = [(margins(m, c, 1) >= 0).sum() for m in (base, retrained, scratch)]
         shares = " ".join(f"{v / len(xs):6.0%}" for v in valid)
-        cost = np.abs(c - xs[ok]).sum(axis=1).mean() if ok else float("nan")
-        plausible = lof.predict(c).mean() if ok else float("nan")
+        nan = float("nan")
+        kept = valid[1] / len(ok) if ok else nan
+        cost = np.abs(c - xs[ok]).sum(axis=1).mean() if ok else nan
+        plausible = lof.predict(c).mean() if ok else nan
         name = "MILP-R" if method == "milp" else "APΔS"
         print(
-            f"{name:8} {delta:6.3g} {shares} {valid[1] / max(len(ok), 1):7.0%} {cost:8.3f}"
+            f"{name:8} {delta:6.3g} {shares} {kept:7.0%} {cost:8.3f}"
             f" {plausible:6.2f} {np.mean(seconds):8.2f} {len(ok):3d}/{len(xs)}"
         )
         if method == "apas" and delta == args.apas_deltas[0]:
             found = list(c)
     print(
         "VM1, VM2, VM2s: valid on the base, retrained and from-scratch models, of all applicants "
-        "(not found = not valid);\nVM2|f: VM2 of the counterfactuals found; L1, lof, s/CFX: means "
-        "over those found"
+        "(not found = not valid);\nVM2|f: VM2 of the counterfactuals found; L1, lof: means over "
+        "those found; s/CFX: mean over all applicants"
     )
-    search_times(base, found, args)
+    if found:
+        search_times(base, found, args)
 
 
 def search_times(base: Network, cfxs: list[np.ndarray], args: argparse.Namespace) -> None:
@@ -294,6 +297,8 @@ def main() -> None:
     p.add_argument("--loop-count", type=int, default=5, help="CFXs timed with the loop baseline")
     p.add_argument("--guarantee-runs", type=int, default=200)
     args = p.parse_args()
+    if args.repeats < 1 or args.loop_count < 1:
+        p.error("--repeats and --loop-count must be >= 1")
     if args.count:
         table1(args)
     if args.guarantee_runs:
