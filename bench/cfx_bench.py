@@ -249,7 +249,7 @@ def search_times(base: Network, cfxs: list[np.ndarray], args: argparse.Namespace
     print(f"{'search':30} {'median ms':>10} {'CFXs':>5} {'mean delta':>11}")
     mean_delta = f"{np.mean(deltas):11.4f}"
     print(f"{'APΔS batched (einsum)':30} {1e3 * b_med:10.1f} {len(batched):5d} {mean_delta}")
-    print(f"{'APΔS loop over models':30} {1e3 * l_med:10.1f} {len(looped):5d} {'':>11}")
+    print(f"{'APΔS loop over models':30} {1e3 * l_med:10.1f} {len(looped):5d}")
     print(
         f"{'provable (MILP, HiGHS)':30} {1e3 * statistics.median(provable_t):10.1f} "
         f"{len(provable_t):5d} {np.mean(provable):11.4f}"
