@@ -27,9 +27,8 @@ import time
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
-
-from rules.certify.batch import BOUNDS, Solver, verify_inputs
-from rules.reach.network import Network
+from vigil.rules.certify.batch import BOUNDS, Solver, verify_inputs
+from vigil.rules.reach.network import Network
 
 
 def train(hidden: tuple[int, ...], seed: int = 0) -> bytes:

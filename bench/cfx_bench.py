@@ -37,7 +37,7 @@ from sklearn.neural_network import MLPClassifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rules.certify.cfx import (
+from vigil.rules.certify.cfx import (
     ShiftSample,
     apas_delta_max,
     enumerate_shifts,
@@ -45,9 +45,9 @@ from rules.certify.cfx import (
     robust_cfx,
     sample_size,
 )
-from rules.certify.cfx.decision import margins
-from rules.certify.cfx.search import largest_delta
-from rules.reach.network import Network
+from vigil.rules.certify.cfx.decision import margins
+from vigil.rules.certify.cfx.search import largest_delta
+from vigil.rules.reach.network import Network
 
 GERMAN = Path(__file__).resolve().parents[2] / "shared" / "data" / "german.data-numeric"
 

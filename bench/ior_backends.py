@@ -64,8 +64,8 @@ def load(row: str) -> tuple[np.ndarray, np.ndarray, float]:
 
 def one(row: str, backend: str, budget: float) -> dict:
     """Run in a subprocess: feed the stream until done or out of budget."""
-    from rules.ior import Monitor, MonitorSpec
-    from rules.ior.backends import parse_backend
+    from vigil.rules.ior import Monitor, MonitorSpec
+    from vigil.rules.ior.backends import parse_backend
 
     x, y, eps = load(row)
     name, options = parse_backend(backend)

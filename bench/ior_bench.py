@@ -21,10 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streams import CERTIFAIR_ZIP, certifair, synthetic
-
-from rules.ior import BACKENDS, Monitor, MonitorSpec
-from rules.ior.distance import float32_search_radius, input_distance
-from rules.ior.spec import InputMetric
+from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
+from vigil.rules.ior.distance import float32_search_radius, input_distance
+from vigil.rules.ior.spec import InputMetric
 
 
 def per_decision_bruteforce(x: np.ndarray, y: np.ndarray, eps: float) -> list[tuple[int, int]]:

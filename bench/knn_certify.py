@@ -30,8 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streams import CERTIFAIR_ZIP, SHARED_DATA
-
-from rules.certify.knn import Enumerator, FairKnnCertifier, Table, read_csv, split_target
+from vigil.rules.certify.knn import Enumerator, FairKnnCertifier, Table, read_csv, split_target
 
 PAPER = {  # Table 3: (label %, s), (+individual %, s), (+eps %, s)
     "Student (gender)": ((60.0, 0.2), (44.6, 0.2), (32.3, 0.2)),

@@ -30,11 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from sklearn.neural_network import MLPRegressor
-
-from rules.reach.basis import sample
-from rules.reach.network import Network
-from rules.reach.online import Accelerations, OnlineVerifier
-from rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.basis import sample
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.online import Accelerations, OnlineVerifier
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
 SCENARIOS = {
     "Domain Shift": ["none", "bmi", "bmi+lb", "bmi+rsr", "bmi+lb+rsr"],

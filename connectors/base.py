@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from connectors.events import Record
+from vigil.connectors.events import Record
 
 TopicPartition = tuple[str, int]
 Offsets = dict[TopicPartition, int]

@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
-from connectors.events import Record
+from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
+from vigil.connectors.events import Record
 
 
 def atomic_write(path: Path, data: bytes) -> None:

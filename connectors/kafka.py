@@ -7,9 +7,8 @@ import asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaConnectionError
-
-from connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
-from connectors.events import Record
+from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
+from vigil.connectors.events import Record
 
 
 class BrokerUnavailable(ConnectionError):

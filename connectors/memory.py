@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
-from connectors.events import Record
+from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
+from vigil.connectors.events import Record
 
 
 class MemorySource:

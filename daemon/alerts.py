@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-
-from rules.ior import Monitor, OutputKind, Witnesses
+from vigil.rules.ior import Monitor, OutputKind, Witnesses
 
 
 def now_iso() -> str:

@@ -18,22 +18,21 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from connectors.base import OutMessage, TopicPartition
-from connectors.events import Decision, Record, dead_letter, encode
-from daemon.alerts import now_iso
-from daemon.config import CertifyRuleConfig, CfxRuleConfig
-from daemon.offload import JobOutcome
-from daemon.rules import Answer, Rule, RuleContext, RuleResult, read_model
-from rules.certify.cfx.apas import parameter_count, sample_size
-from rules.certify.cfx.certify import as_rows, certify_rows
-from rules.certify.cfx.decision import margin_rows
-from rules.reach.network import Network
+from vigil.connectors.base import OutMessage, TopicPartition
+from vigil.connectors.events import Decision, Record, dead_letter, encode
+from vigil.daemon.alerts import now_iso
+from vigil.daemon.config import CertifyRuleConfig, CfxRuleConfig
+from vigil.daemon.offload import JobOutcome
+from vigil.daemon.rules import Answer, Rule, RuleContext, RuleResult, read_model
+from vigil.rules.certify.cfx.apas import parameter_count, sample_size
+from vigil.rules.certify.cfx.certify import as_rows, certify_rows
+from vigil.rules.certify.cfx.decision import margin_rows
+from vigil.rules.reach.network import Network
 
 JOBS = {
-    "knn": "rules.certify.knn.job",
-    "cfx": "rules.certify.cfx.job",
-    "batch": "rules.certify.batch.job",
+    "knn": "vigil.rules.certify.knn.job",
+    "cfx": "vigil.rules.certify.cfx.job",
+    "batch": "vigil.rules.certify.batch.job",
 }
 """The module whose ``run_job(request) -> result`` serves each ``job`` a certify rule names."""
 

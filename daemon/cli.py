@@ -12,19 +12,18 @@ from importlib.resources import files
 from pathlib import Path
 
 import orjson
-
-import daemon.commands
-from connectors.csv_source import StreamFormatError
-from connectors.kafka import BrokerUnavailable
-from daemon.commands import out_path
-from daemon.config import load_config
-from daemon.demo import run_demo
-from daemon.logs import configure_logging
-from daemon.metrics import Metrics
-from daemon.replay import ReplayOptions, replay
-from daemon.service import build_rules, run_daemon
-from rules.ior import BACKENDS, InvalidDecision
-from rules.ior.backends import parse_backend
+import vigil.daemon.commands
+from vigil.connectors.csv_source import StreamFormatError
+from vigil.connectors.kafka import BrokerUnavailable
+from vigil.daemon.commands import out_path
+from vigil.daemon.config import load_config
+from vigil.daemon.demo import run_demo
+from vigil.daemon.logs import configure_logging
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.replay import ReplayOptions, replay
+from vigil.daemon.service import build_rules, run_daemon
+from vigil.rules.ior import BACKENDS, InvalidDecision
+from vigil.rules.ior.backends import parse_backend
 
 DEMO_STREAM = "compas-stream.csv"
 """COMPAS recidivism predictions of a Certifair baseline model, in stream order."""
@@ -174,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
             "certify", help="certify decisions (KNN fairness, counterfactual robustness)"
         ).add_subparsers(dest="subcommand", required=True),
     }
-    for info in pkgutil.iter_modules(daemon.commands.__path__):
-        module = importlib.import_module(f"daemon.commands.{info.name}")
+    for info in pkgutil.iter_modules(vigil.daemon.commands.__path__):
+        module = importlib.import_module(f"vigil.daemon.commands.{info.name}")
         module.register(groups[module.GROUP])
     return parser
 
@@ -240,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "demo":
             summary = run_demo(
-                Path(str(files("daemon") / "demo" / DEMO_STREAM)),
+                Path(str(files("vigil.daemon") / "demo" / DEMO_STREAM)),
                 args.workdir,
                 args.eps,
                 args.metric,

@@ -9,9 +9,8 @@ from typing import Annotated, Literal, get_args
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
-
-from rules.ior.backends import parse_backend
-from rules.reach.online import Accelerations
+from vigil.rules.ior.backends import parse_backend
+from vigil.rules.reach.online import Accelerations
 
 
 class ConfigError(ValueError):

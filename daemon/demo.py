@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from daemon.config import parse_config
-from daemon.logs import configure_logging
-from daemon.service import run_daemon
+from vigil.daemon.config import parse_config
+from vigil.daemon.logs import configure_logging
+from vigil.daemon.service import run_daemon
 
 
 def write_decision_events(stream_csv: Path, out: Path, model: str) -> int:

@@ -22,8 +22,7 @@ from typing import Any
 
 import structlog
 from threadpoolctl import threadpool_limits
-
-from daemon.metrics import Metrics
+from vigil.daemon.metrics import Metrics
 
 log = structlog.get_logger("vigil.offload")
 _PARENT_POLL_SECONDS = 1.0

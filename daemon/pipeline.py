@@ -17,13 +17,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import structlog
-
-from connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
-from connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
-from daemon.alerts import now_iso
-from daemon.metrics import Metrics
-from daemon.rules import Answer, Rule, RuleResult, StaleSnapshot
-from daemon.state import SnapshotStore
+from vigil.connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
+from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
+from vigil.daemon.alerts import now_iso
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.rules import Answer, Rule, RuleResult, StaleSnapshot
+from vigil.daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil.pipeline")
 _IDLE_POLL_SECONDS = 0.01

@@ -13,15 +13,14 @@ from urllib.request import url2pathname
 import numpy as np
 import orjson
 import structlog
-
-from connectors.base import OutMessage, TopicPartition
-from connectors.events import Decision, Record, encode
-from daemon.alerts import now_iso
-from daemon.config import ReachRuleConfig
-from daemon.offload import JobOutcome, OffloadPool
-from daemon.rules import Answer, Rule, RuleContext, RuleResult, StaleSnapshot, read_model
-from rules.reach import worker
-from rules.reach.network import Network
+from vigil.connectors.base import OutMessage, TopicPartition
+from vigil.connectors.events import Decision, Record, encode
+from vigil.daemon.alerts import now_iso
+from vigil.daemon.config import ReachRuleConfig
+from vigil.daemon.offload import JobOutcome, OffloadPool
+from vigil.daemon.rules import Answer, Rule, RuleContext, RuleResult, StaleSnapshot, read_model
+from vigil.rules.reach import worker
+from vigil.rules.reach.network import Network
 
 log = structlog.get_logger("vigil.reach")
 

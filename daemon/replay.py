@@ -14,12 +14,11 @@ from typing import Any
 import numpy as np
 import orjson
 from tqdm import tqdm
-
-from connectors.csv_source import read_csv_stream
-from daemon.alerts import witness_alerts
-from rules.ior import Monitor, MonitorSpec, OutputKind
-from rules.ior.backends import parse_backend
-from rules.ior.embedding import OnnxEmbedding
+from vigil.connectors.csv_source import read_csv_stream
+from vigil.daemon.alerts import witness_alerts
+from vigil.rules.ior import Monitor, MonitorSpec, OutputKind
+from vigil.rules.ior.backends import parse_backend
+from vigil.rules.ior.embedding import OnnxEmbedding
 
 
 class LabelCodes:

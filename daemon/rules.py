@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from connectors.base import OutMessage, TopicPartition
-from connectors.events import Decision, Record
-from daemon.alerts import witness_alerts
-from daemon.config import IorRuleConfig
-from daemon.metrics import Metrics
-from daemon.offload import OffloadPool
-from rules.ior import Monitor, MonitorSpec
-from rules.ior.backends import parse_backend
-from rules.ior.embedding import OnnxEmbedding
-from rules.reach.network import Network, load_checked
+from vigil.connectors.base import OutMessage, TopicPartition
+from vigil.connectors.events import Decision, Record
+from vigil.daemon.alerts import witness_alerts
+from vigil.daemon.config import IorRuleConfig
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.offload import OffloadPool
+from vigil.rules.ior import Monitor, MonitorSpec
+from vigil.rules.ior.backends import parse_backend
+from vigil.rules.ior.embedding import OnnxEmbedding
+from vigil.rules.reach.network import Network, load_checked
 
 
 class StaleSnapshot(ValueError):

@@ -7,18 +7,17 @@ import contextlib
 import signal
 
 import structlog
-
-from connectors.files import JsonLinesSink, JsonLinesSource
-from connectors.kafka import BrokerUnavailable, KafkaSink, KafkaSource
-from daemon.certify_rule import CertifyRule, CfxRule
-from daemon.config import Config
-from daemon.http import OpsServer
-from daemon.metrics import Metrics
-from daemon.offload import OffloadPool, process_executor
-from daemon.pipeline import Pipeline, PipelineSettings
-from daemon.reach_rule import ReachRule
-from daemon.rules import IorRule, Rule, RuleContext
-from daemon.state import SnapshotStore
+from vigil.connectors.files import JsonLinesSink, JsonLinesSource
+from vigil.connectors.kafka import BrokerUnavailable, KafkaSink, KafkaSource
+from vigil.daemon.certify_rule import CertifyRule, CfxRule
+from vigil.daemon.config import Config
+from vigil.daemon.http import OpsServer
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.offload import OffloadPool, process_executor
+from vigil.daemon.pipeline import Pipeline, PipelineSettings
+from vigil.daemon.reach_rule import ReachRule
+from vigil.daemon.rules import IorRule, Rule, RuleContext
+from vigil.daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil")
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import orjson
 import structlog
-
-from connectors.base import TopicPartition
-from connectors.files import atomic_write
+from vigil.connectors.base import TopicPartition
+from vigil.connectors.files import atomic_write
 
 log = structlog.get_logger("vigil.state")
 

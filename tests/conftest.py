@@ -34,9 +34,9 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture
 def compas() -> tuple[np.ndarray, np.ndarray]:
     """The first 3000 decisions of the bundled COMPAS demo stream."""
-    from daemon.cli import DEMO_STREAM
+    from vigil.daemon.cli import DEMO_STREAM
 
-    x, y = load_stream(Path(str(files("daemon") / "demo" / DEMO_STREAM)))
+    x, y = load_stream(Path(str(files("vigil.daemon") / "demo" / DEMO_STREAM)))
     return x[:3000], y[:3000]
 
 

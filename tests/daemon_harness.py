@@ -18,8 +18,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-from rules.ior import Monitor, MonitorSpec
+from vigil.rules.ior import Monitor, MonitorSpec
 
 KNN_RULE = """
 [[rules]]
@@ -178,7 +177,7 @@ backend = "auto"
         config = self.write_config()
         self.log = open(self.workdir / "daemon.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
+            [sys.executable, "-m", "vigil.daemon.cli", "run", "--config", str(config)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,

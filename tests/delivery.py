@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import orjson
-
-from connectors.base import TopicPartition
-from connectors.memory import MemorySink
+from vigil.connectors.base import TopicPartition
+from vigil.connectors.memory import MemorySink
 
 
 def answers_within_commits(

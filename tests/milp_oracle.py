@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import highspy
 import numpy as np
-
-from rules.reach.network import Network
-from rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
 
 def _interval_bounds(network: Network, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:

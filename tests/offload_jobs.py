@@ -39,7 +39,7 @@ def check_model_after_a_crash(onnx: bytes, output_dim: int) -> dict:
     ``VIGIL_TEST_MARKER``) dies like an out-of-memory kill."""
     from pathlib import Path
 
-    from rules.reach.worker import check_model
+    from vigil.rules.reach.worker import check_model
 
     marker = Path(os.environ["VIGIL_TEST_MARKER"])
     if not marker.exists():

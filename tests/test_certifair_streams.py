@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
-from rules.ior import BACKENDS, Monitor, MonitorSpec
 from tests.conftest import load_stream
 from tests.oracle import witness_sets
 

@@ -12,10 +12,9 @@ import orjson
 import pytest
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
-
-from daemon.cli import main
-from rules.certify.batch.job import run_job
-from rules.reach.network import Network, OnnxRunner
+from vigil.daemon.cli import main
+from vigil.rules.certify.batch.job import run_job
+from vigil.rules.reach.network import Network, OnnxRunner
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +137,7 @@ def _request(onnx: bytes, x: np.ndarray, labels, **fields) -> dict:
 
 
 def _schema(name: str) -> dict:
-    return orjson.loads((files("connectors") / "schemas" / name).read_bytes())
+    return orjson.loads((files("vigil.connectors") / "schemas" / name).read_bytes())
 
 
 def test_job_result_validates_against_schema(digits_model):

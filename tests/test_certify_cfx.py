@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from rules.certify.cfx import (
+from vigil.rules.certify.cfx import (
     InvalidTarget,
     ShiftSample,
     apas_delta_max,
@@ -29,11 +28,11 @@ from rules.certify.cfx import (
     sample_size,
     worst_case,
 )
-from rules.certify.cfx.apas import MAX_SAMPLED, InvalidConfidence
-from rules.certify.cfx.decision import margins
-from rules.certify.cfx.interval import ParameterBox, interval_bounds
-from rules.certify.cfx.search import DELTA_CAP, DELTA_INIT
-from rules.reach.network import Network, OnnxRunner
+from vigil.rules.certify.cfx.apas import MAX_SAMPLED, InvalidConfidence
+from vigil.rules.certify.cfx.decision import margins
+from vigil.rules.certify.cfx.interval import ParameterBox, interval_bounds
+from vigil.rules.certify.cfx.search import DELTA_CAP, DELTA_INIT
+from vigil.rules.reach.network import Network, OnnxRunner
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

@@ -14,15 +14,15 @@ import numpy as np
 import orjson
 import pytest
 from sklearn.neural_network import MLPClassifier
+from vigil.connectors.events import Decision, Record
+from vigil.daemon.certify_rule import CfxRule
+from vigil.daemon.cli import main
+from vigil.daemon.config import CfxRuleConfig
+from vigil.rules.certify.cfx import ShiftSample, worst_case
+from vigil.rules.certify.cfx.decision import margins
+from vigil.rules.certify.cfx.job import InvalidRequest, run_job
+from vigil.rules.reach.network import Network, OnnxRunner
 
-from connectors.events import Decision, Record
-from daemon.certify_rule import CfxRule
-from daemon.cli import main
-from daemon.config import CfxRuleConfig
-from rules.certify.cfx import ShiftSample, worst_case
-from rules.certify.cfx.decision import margins
-from rules.certify.cfx.job import InvalidRequest, run_job
-from rules.reach.network import Network, OnnxRunner
 from tests.conftest import SHARED_DATA
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "connectors" / "schemas"

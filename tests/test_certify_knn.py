@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from rules.certify.knn import (
+from vigil.rules.certify.knn import (
     Encoder,
     Enumerator,
     FairKnnCertifier,
@@ -21,10 +20,10 @@ from rules.certify.knn import (
     default_candidates,
     read_csv,
 )
-from rules.certify.knn.enumeration import count_flip_sets, flip_sets
-from rules.certify.knn.knn import nearest
-from rules.certify.knn.learning import abstract_learn, may_err, must_err
-from rules.certify.knn.prediction import distance_bounds
+from vigil.rules.certify.knn.enumeration import count_flip_sets, flip_sets
+from vigil.rules.certify.knn.knn import nearest
+from vigil.rules.certify.knn.learning import abstract_learn, may_err, must_err
+from vigil.rules.certify.knn.prediction import distance_bounds
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,10 +12,9 @@ import jsonschema
 import numpy as np
 import orjson
 import pytest
-
-from daemon.cli import main
-from rules.certify.knn import FairKnnCertifier, Table
-from rules.certify.knn.job import run_job
+from vigil.daemon.cli import main
+from vigil.rules.certify.knn import FairKnnCertifier, Table
+from vigil.rules.certify.knn.job import run_job
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "connectors" / "schemas"
 

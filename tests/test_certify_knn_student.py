@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vigil.rules.certify.knn import Enumerator, FairKnnCertifier, read_csv, split_target
 
-from rules.certify.knn import Enumerator, FairKnnCertifier, read_csv, split_target
 from tests.conftest import SHARED_DATA
 
 STUDENT = SHARED_DATA / "student-por.csv"

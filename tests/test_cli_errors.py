@@ -8,9 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
-from daemon.cli import main
-from rules.reach.network import Network
+from vigil.daemon.cli import main
+from vigil.rules.reach.network import Network
 
 
 @pytest.fixture
@@ -76,7 +75,7 @@ def test_an_unreachable_broker_is_an_error_not_a_traceback(tmp_path):
     )
     # in a process of its own: `run` sets up the logging of the process it runs in
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "run", "--config", str(config)],
+        [sys.executable, "-m", "vigil.daemon.cli", "run", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,

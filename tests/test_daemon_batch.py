@@ -8,11 +8,10 @@ import base64
 
 import numpy as np
 import orjson
-
-from daemon.config import parse_config
-from daemon.service import run_daemon
-from rules.certify.batch.runner import verify_inputs
-from rules.reach.network import Network
+from vigil.daemon.config import parse_config
+from vigil.daemon.service import run_daemon
+from vigil.rules.certify.batch.runner import verify_inputs
+from vigil.rules.reach.network import Network
 
 
 async def test_batch_requests_return_one_by_one_verdicts(tmp_path):

@@ -11,8 +11,8 @@ from importlib.resources import files
 import jsonschema
 import numpy as np
 import orjson
+from vigil.rules.certify.knn.job import run_job
 
-from rules.certify.knn.job import run_job
 from tests.daemon_harness import (
     KNN_RULE,
     Daemon,
@@ -73,7 +73,9 @@ async def test_knn_requests_run_beside_the_decision_stream(kafka_bootstrap, tmp_
         assert witness_map(alerts) == expected, daemon.log_text()
         by_id = {r["request_id"]: r for r in results}
         assert len(results) == 5 and set(by_id) == {"slow", "fast0", "fast1", "fast2", "bad"}
-        schema = json.loads((files("connectors") / "schemas" / "certification.json").read_text())
+        schema = json.loads(
+            (files("vigil.connectors") / "schemas" / "certification.json").read_text()
+        )
         for r in results:
             jsonschema.validate(r, schema)
         for request in fast:

@@ -11,18 +11,18 @@ from importlib.resources import files
 import jsonschema
 import numpy as np
 import orjson
+from vigil.connectors.memory import MemorySink, MemorySource
+from vigil.daemon.certify_rule import CfxRule
+from vigil.daemon.config import parse_config
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.offload import OffloadPool, process_executor
+from vigil.daemon.pipeline import Pipeline, PipelineSettings
+from vigil.daemon.rules import IorRule, RuleContext
+from vigil.daemon.service import run_daemon
+from vigil.daemon.state import SnapshotStore
+from vigil.rules.certify.cfx.certify import certify_rows
+from vigil.rules.reach.network import Network
 
-from connectors.memory import MemorySink, MemorySource
-from daemon.certify_rule import CfxRule
-from daemon.config import parse_config
-from daemon.metrics import Metrics
-from daemon.offload import OffloadPool, process_executor
-from daemon.pipeline import Pipeline, PipelineSettings
-from daemon.rules import IorRule, RuleContext
-from daemon.service import run_daemon
-from daemon.state import SnapshotStore
-from rules.certify.cfx.certify import certify_rows
-from rules.reach.network import Network
 from tests.delivery import answers_within_commits
 from tests.oracle import witness_sets
 
@@ -71,7 +71,7 @@ async def test_counterfactuals_with_decisions_are_certified(tmp_path):
     )
     await run_daemon(config, until_idle=True)
     certs = [orjson.loads(line) for line in (tmp_path / "certs.jsonl").read_bytes().splitlines()]
-    schema = json.loads((files("connectors") / "schemas" / "certification.json").read_text())
+    schema = json.loads((files("vigil.connectors") / "schemas" / "certification.json").read_text())
     assert sorted(c["decision"]["id"] for c in certs) == [f"d{i}" for i in range(len(accepted))]
     for c in certs:
         jsonschema.validate(c, schema)

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import orjson
 import pytest
+from vigil.connectors.memory import MemorySink, MemorySource
+from vigil.daemon import certify_rule
+from vigil.daemon.config import parse_config
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.offload import OffloadPool, process_executor
+from vigil.daemon.pipeline import Pipeline, PipelineSettings
+from vigil.daemon.rules import RuleContext
+from vigil.daemon.state import SnapshotStore
 
-from connectors.memory import MemorySink, MemorySource
-from daemon import certify_rule
-from daemon.config import parse_config
-from daemon.metrics import Metrics
-from daemon.offload import OffloadPool, process_executor
-from daemon.pipeline import Pipeline, PipelineSettings
-from daemon.rules import RuleContext
-from daemon.state import SnapshotStore
 from tests import offload_jobs
 from tests.delivery import answers_within_commits
 

@@ -10,9 +10,9 @@ from importlib.resources import files
 import jsonschema
 import numpy as np
 import orjson
+from vigil.rules.reach.network import Network, OnnxRunner
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
-from rules.reach.network import Network, OnnxRunner
-from rules.reach.sets import InputSet, OutputSpec
 from tests.daemon_harness import Daemon, consume_all, produce
 from tests.milp_oracle import max_violation
 
@@ -90,7 +90,9 @@ async def test_verification_events_follow_decisions_and_model_updates(kafka_boot
         events = await consume_all(
             kafka_bootstrap, daemon.verifications_topic, len(first) + 1, 90, settle=1.0
         )
-        schema = json.loads((files("connectors") / "schemas" / "verification.json").read_text())
+        schema = json.loads(
+            (files("vigil.connectors") / "schemas" / "verification.json").read_text()
+        )
         for e in events:
             jsonschema.validate(e, schema)
         after = [e for e in events if e["version"] == "2"]
@@ -105,7 +107,7 @@ async def test_verification_events_follow_decisions_and_model_updates(kafka_boot
         reasons = sorted(d["reason"] for d in dead)
         assert reasons == ["dimension", "schema"], dead
         update_schema = json.loads(
-            (files("connectors") / "schemas" / "model_update.json").read_text()
+            (files("vigil.connectors") / "schemas" / "model_update.json").read_text()
         )
         jsonschema.validate(orjson.loads(updates[1]), update_schema)
         daemon.signal(signal.SIGTERM)

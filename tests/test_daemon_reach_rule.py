@@ -8,15 +8,15 @@ import base64
 import numpy as np
 import orjson
 import pytest
+from vigil.connectors.events import Record, decode_decision
+from vigil.daemon.config import parse_config
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.offload import OffloadPool, process_executor
+from vigil.daemon.reach_rule import ReachRule
+from vigil.daemon.rules import RuleContext, StaleSnapshot
+from vigil.rules.reach import worker
+from vigil.rules.reach.network import Network
 
-from connectors.events import Record, decode_decision
-from daemon.config import parse_config
-from daemon.metrics import Metrics
-from daemon.offload import OffloadPool, process_executor
-from daemon.reach_rule import ReachRule
-from daemon.rules import RuleContext, StaleSnapshot
-from rules.reach import worker
-from rules.reach.network import Network
 from tests import offload_jobs
 
 DECISIONS, MODELS = ("decisions", 0), ("models", 0)

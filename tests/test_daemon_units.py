@@ -14,17 +14,17 @@ import jsonschema
 import numpy as np
 import orjson
 import pytest
+from vigil.connectors.events import BadEvent, Record, dead_letter, decode_decision, encode
+from vigil.connectors.memory import MemorySink, MemorySource
+from vigil.daemon.cli import main
+from vigil.daemon.config import ConfigError, load_config, parse_config
+from vigil.daemon.metrics import Metrics
+from vigil.daemon.pipeline import Pipeline, PipelineSettings
+from vigil.daemon.rules import IorRule
+from vigil.daemon.service import _shutdown
+from vigil.daemon.state import SnapshotStore
+from vigil.rules.reach.network import Network
 
-from connectors.events import BadEvent, Record, dead_letter, decode_decision, encode
-from connectors.memory import MemorySink, MemorySource
-from daemon.cli import main
-from daemon.config import ConfigError, load_config, parse_config
-from daemon.metrics import Metrics
-from daemon.pipeline import Pipeline, PipelineSettings
-from daemon.rules import IorRule
-from daemon.service import _shutdown
-from daemon.state import SnapshotStore
-from rules.reach.network import Network
 from tests.oracle import largest_ratios, witness_sets
 
 CONTRACT = """
@@ -52,7 +52,7 @@ backend = "auto"
 
 
 def schema(name: str) -> dict:
-    return json.loads((files("connectors") / "schemas" / f"{name}.json").read_text())
+    return json.loads((files("vigil.connectors") / "schemas" / f"{name}.json").read_text())
 
 
 def test_the_contract_configuration_is_accepted(tmp_path):
@@ -451,7 +451,7 @@ def test_files_mode_needs_outputs_and_one_topic():
 
 
 def test_a_missing_model_file_is_named(tmp_path):
-    from daemon.service import build_pipeline
+    from vigil.daemon.service import build_pipeline
 
     config = parse_config(_config([{**REACH, "onnx": str(tmp_path / "gone.onnx")}]))
     with pytest.raises(ValueError, match=r"rule 'v': cannot read onnx .*gone.onnx"):
@@ -529,7 +529,8 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
 
 
 def test_a_bad_model_file_stops_the_daemon_at_startup(tmp_path):
-    from daemon.service import build_pipeline
+    from vigil.daemon.service import build_pipeline
+
     from tests.onnx_models import mlp
 
     corrupt = tmp_path / "corrupt.onnx"

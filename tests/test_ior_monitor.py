@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vigil.rules.ior import InvalidDecision, Monitor, MonitorSpec
+from vigil.rules.ior.backends.periodic import optimal_buffer_size
 
-from rules.ior import InvalidDecision, Monitor, MonitorSpec
-from rules.ior.backends.periodic import optimal_buffer_size
 from tests.oracle import witness_sets
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
-from rules.ior import BACKENDS, Monitor, MonitorSpec
 from tests.oracle import largest_ratios, window_starts, witness_sets
 
 LABEL_ONLY = ("output", "output_dim", "delta", "output_metric")

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from vigil.daemon.cli import main
+from vigil.rules.reach.network import Network, OnnxRunner, UnsupportedModel, load_checked
 
-from daemon.cli import main
-from rules.reach.network import Network, OnnxRunner, UnsupportedModel, load_checked
 from tests.milp_oracle import max_violation
 from tests.onnx_models import forward, mlp
 
@@ -117,7 +117,7 @@ def test_branching_graphs_are_rejected():
 def test_onnxruntime_disagreement_is_reported(tmp_path):
     net = Network.from_arrays([(np.eye(2), np.zeros(2))])
     other = OnnxRunner(Network.from_arrays([(2 * np.eye(2), np.zeros(2))]).to_onnx())
-    from rules.reach.network import check_agreement
+    from vigil.rules.reach.network import check_agreement
 
     with pytest.raises(UnsupportedModel, match="disagrees with onnxruntime"):
         check_agreement(net, other, np.ones((3, 2)))
@@ -137,7 +137,7 @@ def write_problem(tmp_path, net: Network, lower, upper, c, d) -> list[str]:
 
 @pytest.mark.parametrize("slack", [0.05, -0.05])
 def test_verify_reach_cli_agrees_with_milp(tmp_path, capsys, slack):
-    from rules.reach.sets import InputSet, OutputSpec
+    from vigil.rules.reach.sets import InputSet, OutputSpec
 
     rng = np.random.default_rng(4)
     net = Network.from_arrays(

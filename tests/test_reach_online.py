@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vigil.rules.reach.basis import sample
+from vigil.rules.reach.branch import EMPTY, HOLDS, evaluate
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.online import ACCELERATIONS, Accelerations, OnlineVerifier, lipschitz_bound
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
-from rules.reach.basis import sample
-from rules.reach.branch import EMPTY, HOLDS, evaluate
-from rules.reach.network import Network
-from rules.reach.online import ACCELERATIONS, Accelerations, OnlineVerifier, lipschitz_bound
-from rules.reach.sets import InputSet, OutputSpec
 from tests.milp_oracle import max_violation
 from tests.test_reach_soundness import random_network
 
@@ -192,7 +192,7 @@ def test_results_computed_inside_the_interval_are_computed_over_it(seed, monkeyp
         computed_with.append(network)
         return evaluate(network, *args, **kwargs)
 
-    monkeypatch.setattr("rules.reach.online.evaluate", recording)
+    monkeypatch.setattr("vigil.rules.reach.online.evaluate", recording)
     acc = Accelerations.parse("bmi+bmw+inn", inn=5.0)
     verifier = OnlineVerifier(spec, max_branches=48, accelerations=acc)
     inside = 0

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vigil.rules.reach.basis import sample
+from vigil.rules.reach.branch import HOLDS, reach_and_branch
+from vigil.rules.reach.network import Network, OnnxRunner
+from vigil.rules.reach.online import overall
+from vigil.rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.symbolic import reach
 
-from rules.reach.basis import sample
-from rules.reach.branch import HOLDS, reach_and_branch
-from rules.reach.network import Network, OnnxRunner
-from rules.reach.online import overall
-from rules.reach.sets import InputSet, OutputSpec
-from rules.reach.symbolic import reach
 from tests.milp_oracle import max_violation
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -129,7 +129,7 @@ def test_coverage_counts_samples_in_verified_branches():
 def test_thin_polytopes_are_verified_in_a_fitted_basis():
     """Consecutive values that may differ by 0.05: the fitted basis makes boxes fit the set,
     so far fewer branches are needed than with axis-aligned boxes."""
-    from rules.reach.basis import Basis
+    from vigil.rules.reach.basis import Basis
 
     rng = np.random.default_rng(3)
     net = random_network(rng, [4, 32, 32, 1])
@@ -157,7 +157,7 @@ def test_thin_polytopes_are_verified_in_a_fitted_basis():
 def test_interval_network_bounds_cover_the_exact_worst_weights(seed, r, width):
     """At points of the box, the exact largest output over every weight and bias within r
     (a MILP with HiGHS) never exceeds the bound reach reports for the interval network."""
-    from rules.certify.cfx import worst_case
+    from vigil.rules.certify.cfx import worst_case
 
     rng = np.random.default_rng(seed)
     d = int(rng.integers(2, 4))

@@ -13,18 +13,21 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from vigil.daemon.cli import DEMO_STREAM, main
 
-from daemon.cli import DEMO_STREAM, main
 from tests.conftest import load_stream
 from tests.onnx_models import forward, mlp
 from tests.oracle import largest_ratios, window_starts, witness_sets
 
-DEMO = Path(str(files("daemon") / "demo" / DEMO_STREAM))
+DEMO = Path(str(files("vigil.daemon") / "demo" / DEMO_STREAM))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "vigil.daemon.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -189,7 +192,7 @@ def test_missing_file_and_bad_scale_are_reported(tmp_path):
 
 def test_demo_runs_the_pipeline_and_matches_the_oracle(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "demo", "--workdir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "vigil.daemon.cli", "demo", "--workdir", str(tmp_path / "demo")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -255,7 +258,7 @@ eps = 0.1
 """
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "run", "--config", str(tmp_path / "vigil.toml")],
+        [sys.executable, "-m", "vigil.daemon.cli", "run", "--config", str(tmp_path / "vigil.toml")],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

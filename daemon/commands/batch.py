@@ -8,9 +8,15 @@ from pathlib import Path
 
 import orjson
 from tqdm import tqdm
-
-from daemon.commands import load_npy, out_path, seed
-from rules.certify.batch import BOUNDS, METHODS, SIZERS, Solver, VerificationError, verify_inputs
+from vigil.daemon.commands import load_npy, out_path, seed
+from vigil.rules.certify.batch import (
+    BOUNDS,
+    METHODS,
+    SIZERS,
+    Solver,
+    VerificationError,
+    verify_inputs,
+)
 
 GROUP = "verify"
 

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import orjson
 from tqdm import tqdm
-
-from daemon.commands import load_npy, seed
-from rules.certify.cfx.certify import as_rows, certify_rows
-from rules.reach.network import Network, load_checked
+from vigil.daemon.commands import load_npy, seed
+from vigil.rules.certify.cfx.certify import as_rows, certify_rows
+from vigil.rules.reach.network import Network, load_checked
 
 GROUP = "certify"
 

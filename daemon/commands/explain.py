@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 from tqdm import tqdm
-
-from daemon.commands import load_npy, out_path, seed
-from daemon.commands.cfx import load_model
-from rules.certify.cfx.certify import as_rows
-from rules.certify.cfx.generate import nearest_cfx, robust_cfx
+from vigil.daemon.commands import load_npy, out_path, seed
+from vigil.daemon.commands.cfx import load_model
+from vigil.rules.certify.cfx.certify import as_rows
+from vigil.rules.certify.cfx.generate import nearest_cfx, robust_cfx
 
 GROUP = None
 ROBUST_OPTIONS = {"delta": None, "test": "apas", "gamma": 0.999, "R": 0.995, "max_iterations": 20}

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import orjson
 from tqdm import tqdm
-
-from daemon.commands import out_path
-from rules.certify.knn import VARIANTS, Enumerator, FairKnnCertifier, read_csv, split_target
-from rules.certify.knn.certifier import DEFAULT_FOLDS
-from rules.certify.knn.summary import format_summary, summarize
-from rules.certify.knn.table import target_column
+from vigil.daemon.commands import out_path
+from vigil.rules.certify.knn import VARIANTS, Enumerator, FairKnnCertifier, read_csv, split_target
+from vigil.rules.certify.knn.certifier import DEFAULT_FOLDS
+from vigil.rules.certify.knn.summary import format_summary, summarize
+from vigil.rules.certify.knn.table import target_column
 
 GROUP = "certify"
 PROGRESS_STEP = 16

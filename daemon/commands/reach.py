@@ -9,14 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-
-from daemon.commands import load_npy, seed
-from rules.reach.basis import sample
-from rules.reach.branch import reach_and_branch
-from rules.reach.network import OnnxRunner, load_checked
-from rules.reach.online import overall
-from rules.reach.sets import InputSet, OutputSpec
-from rules.reach.symbolic import METHODS
+from vigil.daemon.commands import load_npy, seed
+from vigil.rules.reach.basis import sample
+from vigil.rules.reach.branch import reach_and_branch
+from vigil.rules.reach.network import OnnxRunner, load_checked
+from vigil.rules.reach.online import overall
+from vigil.rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.symbolic import METHODS
 
 GROUP = "verify"
 _COVERAGE_SAMPLES = 2000

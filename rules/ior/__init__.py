@@ -1,9 +1,9 @@
 """Online input-output robustness monitoring as exact fixed-radius near-neighbour search."""
 
-from rules.ior.backends import BACKENDS
-from rules.ior.monitor import InvalidDecision, Monitor
-from rules.ior.spec import InputMetric, MonitorSpec, OutputKind, OutputMetric
-from rules.ior.witnesses import Witnesses
+from vigil.rules.ior.backends import BACKENDS
+from vigil.rules.ior.monitor import InvalidDecision, Monitor
+from vigil.rules.ior.spec import InputMetric, MonitorSpec, OutputKind, OutputMetric
+from vigil.rules.ior.witnesses import Witnesses
 
 __all__ = [
     "BACKENDS",

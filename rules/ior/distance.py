@@ -8,8 +8,7 @@ bit and makes the ball closed: ``d_in <= eps``.
 from __future__ import annotations
 
 import numpy as np
-
-from rules.ior.spec import InputMetric, OutputMetric
+from vigil.rules.ior.spec import InputMetric, OutputMetric
 
 
 def input_distance(a: np.ndarray, b: np.ndarray, metric: InputMetric) -> np.ndarray:

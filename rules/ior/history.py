@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from rules.ior.spec import MonitorSpec, OutputKind
+from vigil.rules.ior.spec import MonitorSpec, OutputKind
 
 
 class History:

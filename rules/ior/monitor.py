@@ -9,13 +9,12 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from rules.ior.backends import BACKENDS, Backend
-from rules.ior.backends.base import Verified, verify
-from rules.ior.embedding import OnnxEmbedding
-from rules.ior.history import History
-from rules.ior.spec import MonitorSpec, OutputKind
-from rules.ior.witnesses import Witnesses
+from vigil.rules.ior.backends import BACKENDS, Backend
+from vigil.rules.ior.backends.base import Verified, verify
+from vigil.rules.ior.embedding import OnnxEmbedding
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import MonitorSpec, OutputKind
+from vigil.rules.ior.witnesses import Witnesses
 
 _SNAPSHOT_MAGIC = b"VIGIL-IOR/1\n"
 

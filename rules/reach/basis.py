@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.reach.network import Network
-from rules.reach.sets import InputSet, SpecError
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.sets import InputSet, SpecError
 
 _RANK_TOLERANCE = 1e-9
 _SAMPLE_ROUNDS = 200

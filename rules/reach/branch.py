@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from rules.reach.basis import Basis
-from rules.reach.network import Network
-from rules.reach.sets import InputSet, OutputSpec
-from rules.reach.symbolic import LAYER_FIELDS, LayerInput, reach
+from vigil.rules.reach.basis import Basis
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.symbolic import LAYER_FIELDS, LayerInput, reach
 
 UNKNOWN, HOLDS, VIOLATED, EMPTY = 0, 1, 2, 3
 STATUS_NAMES = ("unknown", "holds", "violated", "empty")

@@ -25,9 +25,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.reach.basis import sample
-from rules.reach.branch import (
+from vigil.rules.reach.basis import sample
+from vigil.rules.reach.branch import (
     EMPTY,
     HOLDS,
     UNKNOWN,
@@ -38,9 +37,9 @@ from rules.reach.branch import (
     grow,
     reach_and_branch,
 )
-from rules.reach.network import Network
-from rules.reach.sets import InputSet, OutputSpec
-from rules.reach.symbolic import LAYER_FIELDS, LayerInput
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.symbolic import LAYER_FIELDS, LayerInput
 
 _MIN_INN_SCALE = 1 / 16
 _INN_BRANCH_FACTOR = 8

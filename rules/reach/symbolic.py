@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-
-from rules.reach.network import Network
+from vigil.rules.reach.network import Network
 
 METHODS = ("symbolic", "interval")
 

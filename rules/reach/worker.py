@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.reach.network import Network, load_checked
-from rules.reach.online import Accelerations, OnlineVerifier
-from rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.reach.network import Network, load_checked
+from vigil.rules.reach.online import Accelerations, OnlineVerifier
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
 
 @dataclass

@@ -7,9 +7,8 @@ proves nothing, and the complete MILP decides.
 from __future__ import annotations
 
 import numpy as np
-
-from rules.certify.batch.encoding import Layer
-from rules.reach.network import Network
+from vigil.rules.certify.batch.encoding import Layer
+from vigil.rules.reach.network import Network
 
 
 def _margin_gradient(network: Network, x: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,17 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
-from rules.certify.batch.clustering import BatchTree, activation_patterns
-from rules.certify.batch.encoding import (
+from vigil.rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
+from vigil.rules.certify.batch.clustering import BatchTree, activation_patterns
+from vigil.rules.certify.batch.encoding import (
     Layer,
     ReluModel,
     Solver,
     VerificationError,
     interval_layer,
 )
-from rules.certify.batch.mipverify import (
+from vigil.rules.certify.batch.mipverify import (
     Check,
     Outcome,
     attack,
@@ -32,7 +31,7 @@ from rules.certify.batch.mipverify import (
     prefix_bounds,
     verify_ball,
 )
-from rules.reach.network import Network
+from vigil.rules.reach.network import Network
 
 Progress = Callable[[int], None]
 """Told how many more balls got a verdict."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 from scipy.spatial.distance import pdist
-
-from rules.reach.network import Network
+from vigil.rules.reach.network import Network
 
 
 def activation_patterns(network: Network, x: np.ndarray) -> np.ndarray:

@@ -6,10 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.certify.batch.attack import pgd_attack
-from rules.certify.batch.encoding import DEFAULT_SOLVER, Layer, ReluModel, Solver, interval_layer
-from rules.reach.network import Network
+from vigil.rules.certify.batch.attack import pgd_attack
+from vigil.rules.certify.batch.encoding import (
+    DEFAULT_SOLVER,
+    Layer,
+    ReluModel,
+    Solver,
+    interval_layer,
+)
+from vigil.rules.reach.network import Network
 
 Check = Callable[[np.ndarray], bool]
 """Does the reference model (onnxruntime) misclassify this input?"""

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
-from rules.certify.batch.encoding import DEFAULT_SOLVER, Solver, VerificationError
-from rules.certify.batch.mipverify import ball_box
-from rules.reach.network import OnnxRunner, load_checked
+from vigil.rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
+from vigil.rules.certify.batch.encoding import DEFAULT_SOLVER, Solver, VerificationError
+from vigil.rules.certify.batch.mipverify import ball_box
+from vigil.rules.reach.network import OnnxRunner, load_checked
 
 METHODS = ("baverly", "one-by-one")
 SIZERS = ("thompson", "random")

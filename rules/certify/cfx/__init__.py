@@ -7,12 +7,12 @@ non-robust fraction of the shift box on tiny networks, and `generate` builds cou
 that are robust by construction.
 """
 
-from rules.certify.cfx.apas import ShiftSample, apas_delta_max, sample_size
-from rules.certify.cfx.decision import InvalidTarget, margin_rows
-from rules.certify.cfx.enumeration import Enumeration, enumerate_shifts
-from rules.certify.cfx.generate import RobustCfx, nearest_cfx, robust_cfx
-from rules.certify.cfx.milp import WorstCase, provable_delta_max, worst_case
-from rules.certify.cfx.search import largest_delta
+from vigil.rules.certify.cfx.apas import ShiftSample, apas_delta_max, sample_size
+from vigil.rules.certify.cfx.decision import InvalidTarget, margin_rows
+from vigil.rules.certify.cfx.enumeration import Enumeration, enumerate_shifts
+from vigil.rules.certify.cfx.generate import RobustCfx, nearest_cfx, robust_cfx
+from vigil.rules.certify.cfx.milp import WorstCase, provable_delta_max, worst_case
+from vigil.rules.certify.cfx.search import largest_delta
 
 __all__ = [
     "Enumeration",

@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from rules.certify.cfx.decision import margin_rows
-from rules.certify.cfx.search import DELTA_INIT, largest_delta
-from rules.reach.network import Network
+from vigil.rules.certify.cfx.decision import margin_rows
+from vigil.rules.certify.cfx.search import DELTA_INIT, largest_delta
+from vigil.rules.reach.network import Network
 
 MAX_SAMPLED = 100_000_000
 """Cap on n x parameters, the uniform noise ShiftSample holds (800 MB of float64)."""

@@ -6,12 +6,11 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-
-from rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
-from rules.certify.cfx.decision import margins
-from rules.certify.cfx.milp import provable_delta_max
-from rules.certify.cfx.search import largest_delta
-from rules.reach.network import Network
+from vigil.rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
+from vigil.rules.certify.cfx.decision import margins
+from vigil.rules.certify.cfx.milp import provable_delta_max
+from vigil.rules.certify.cfx.search import largest_delta
+from vigil.rules.reach.network import Network
 
 
 def as_rows(cfx: object, network: Network, name: str = "cfx") -> np.ndarray:

@@ -9,8 +9,7 @@ interval and MILP checks share one definition.
 from __future__ import annotations
 
 import numpy as np
-
-from rules.reach.network import Network
+from vigil.rules.reach.network import Network
 
 
 class InvalidTarget(ValueError):

@@ -13,10 +13,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.certify.cfx.decision import margin_rows
-from rules.certify.cfx.interval import ParameterBox, interval_bounds
-from rules.reach.network import Network
+from vigil.rules.certify.cfx.decision import margin_rows
+from vigil.rules.certify.cfx.interval import ParameterBox, interval_bounds
+from vigil.rules.reach.network import Network
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-
-from rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
-from rules.certify.cfx.decision import margin_rows
-from rules.certify.cfx.highs import Milp
-from rules.certify.cfx.milp import worst_case
-from rules.reach.network import Network
+from vigil.rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
+from vigil.rules.certify.cfx.decision import margin_rows
+from vigil.rules.certify.cfx.highs import Milp
+from vigil.rules.certify.cfx.milp import worst_case
+from vigil.rules.reach.network import Network
 
 KAPPA_INIT = 1e-4
 """Margin (in logits) the first candidate must clear, so float noise cannot undo validity."""

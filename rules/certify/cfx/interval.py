@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.reach.network import Network
+from vigil.rules.reach.network import Network
 
 
 @dataclass(frozen=True)

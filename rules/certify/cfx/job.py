@@ -19,8 +19,8 @@ from __future__ import annotations
 import base64
 import binascii
 
-from rules.certify.cfx.certify import as_rows, certify_rows
-from rules.reach.network import load_checked
+from vigil.rules.certify.cfx.certify import as_rows, certify_rows
+from vigil.rules.reach.network import load_checked
 
 
 class InvalidRequest(ValueError):

@@ -15,12 +15,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.certify.cfx.decision import margin_rows
-from rules.certify.cfx.highs import Milp, SolverFailure
-from rules.certify.cfx.interval import ParameterBox, interval_bounds
-from rules.certify.cfx.search import DELTA_INIT, largest_delta
-from rules.reach.network import Network
+from vigil.rules.certify.cfx.decision import margin_rows
+from vigil.rules.certify.cfx.highs import Milp, SolverFailure
+from vigil.rules.certify.cfx.interval import ParameterBox, interval_bounds
+from vigil.rules.certify.cfx.search import DELTA_INIT, largest_delta
+from vigil.rules.reach.network import Network
 
 
 @dataclass(frozen=True)

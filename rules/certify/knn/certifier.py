@@ -11,14 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.certify.knn.encoding import Encoder
-from rules.certify.knn.enumeration import Enumerator
-from rules.certify.knn.errors import KnnInputError
-from rules.certify.knn.knn import KnnModel, metric_power
-from rules.certify.knn.learning import AbstractLearning, abstract_learn
-from rules.certify.knn.prediction import distance_bounds, same_label
-from rules.certify.knn.table import Table
+from vigil.rules.certify.knn.encoding import Encoder
+from vigil.rules.certify.knn.enumeration import Enumerator
+from vigil.rules.certify.knn.errors import KnnInputError
+from vigil.rules.certify.knn.knn import KnnModel, metric_power
+from vigil.rules.certify.knn.learning import AbstractLearning, abstract_learn
+from vigil.rules.certify.knn.prediction import distance_bounds, same_label
+from vigil.rules.certify.knn.table import Table
 
 VARIANTS = ("label", "individual", "epsilon")
 """label: n label flips only; individual: plus any protected values; epsilon: plus an eps box

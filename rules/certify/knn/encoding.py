@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-
-from rules.certify.knn.errors import KnnInputError
-from rules.certify.knn.table import Table
+from vigil.rules.certify.knn.errors import KnnInputError
+from vigil.rules.certify.knn.table import Table
 
 SCALINGS = ("standard", "minmax")
 

@@ -8,9 +8,8 @@ import itertools
 import math
 
 import numpy as np
-
-from rules.certify.knn.errors import KnnInputError
-from rules.certify.knn.knn import KnnModel, fold_ids, label_counts, nearest, vote
+from vigil.rules.certify.knn.errors import KnnInputError
+from vigil.rules.certify.knn.knn import KnnModel, fold_ids, label_counts, nearest, vote
 
 DEFAULT_LIMIT = 250_000
 """Most flipped training sets the oracle will enumerate."""

@@ -36,10 +36,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-
-from rules.certify.knn.certifier import DEFAULT_FOLDS, VARIANTS, FairKnnCertifier
-from rules.certify.knn.errors import KnnInputError
-from rules.certify.knn.table import Table, check_unique, read_csv, split_target
+from vigil.rules.certify.knn.certifier import DEFAULT_FOLDS, VARIANTS, FairKnnCertifier
+from vigil.rules.certify.knn.errors import KnnInputError
+from vigil.rules.certify.knn.table import Table, check_unique, read_csv, split_target
 
 CACHE_SIZE = 8
 """Trained certifiers kept per worker process."""

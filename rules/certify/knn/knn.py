@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.spatial.distance import cdist
-
-from rules.certify.knn.errors import KnnInputError
+from vigil.rules.certify.knn.errors import KnnInputError
 
 METRICS = {"euclidean": 2, "manhattan": 1}
 """Metric name -> the power p of the per-attribute terms |x_i - t_i|^p summed in the distance."""

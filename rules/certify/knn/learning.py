@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import highspy
 import numpy as np
-
-from rules.certify.knn.knn import KnnModel, fold_error_rates, fold_ids, label_counts
+from vigil.rules.certify.knn.knn import KnnModel, fold_error_rates, fold_ids, label_counts
 
 
 def _own_and_rival(counts: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

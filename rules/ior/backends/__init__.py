@@ -1,13 +1,13 @@
 """Exact FRNN backends behind one interface; ``BACKENDS`` maps names to classes."""
 
-from rules.ior.backends.auto import AutoBackend
-from rules.ior.backends.base import Backend
-from rules.ior.backends.bdd import BDDBackend
-from rules.ior.backends.bruteforce import BruteForceBackend
-from rules.ior.backends.grid import GridBackend
-from rules.ior.backends.kdtree import KDTreeBackend
-from rules.ior.backends.parallel import ParallelBackend, check_options
-from rules.ior.backends.snn import SNNBackend
+from vigil.rules.ior.backends.auto import AutoBackend
+from vigil.rules.ior.backends.base import Backend
+from vigil.rules.ior.backends.bdd import BDDBackend
+from vigil.rules.ior.backends.bruteforce import BruteForceBackend
+from vigil.rules.ior.backends.grid import GridBackend
+from vigil.rules.ior.backends.kdtree import KDTreeBackend
+from vigil.rules.ior.backends.parallel import ParallelBackend, check_options
+from vigil.rules.ior.backends.snn import SNNBackend
 
 BACKENDS: dict[str, type[Backend]] = {
     b.name: b

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rules.ior.backends.base import HIGH_DIMENSION, Backend, Pairs
-from rules.ior.backends.bruteforce import BruteForceBackend
-from rules.ior.backends.grid import GridBackend
-from rules.ior.history import History
-from rules.ior.spec import MonitorSpec
+from vigil.rules.ior.backends.base import HIGH_DIMENSION, Backend, Pairs
+from vigil.rules.ior.backends.bruteforce import BruteForceBackend
+from vigil.rules.ior.backends.grid import GridBackend
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import MonitorSpec
 
 
 class AutoBackend(Backend):

@@ -10,10 +10,9 @@ from typing import Any, ClassVar
 
 import faiss
 import numpy as np
-
-from rules.ior.distance import float32_search_radius, input_distance, output_distance
-from rules.ior.history import History
-from rules.ior.spec import InputMetric, MonitorSpec, OutputKind
+from vigil.rules.ior.distance import float32_search_radius, input_distance, output_distance
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import InputMetric, MonitorSpec, OutputKind
 
 Pairs = tuple[np.ndarray, np.ndarray]
 """(query positions, candidate positions), int64 arrays of equal length."""

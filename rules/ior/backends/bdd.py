@@ -26,10 +26,9 @@ from typing import Any
 
 import numpy as np
 from dd import cudd
-
-from rules.ior.backends.base import Backend, Pairs, concat_pairs
-from rules.ior.history import History
-from rules.ior.spec import InputMetric, MonitorSpec, OutputKind
+from vigil.rules.ior.backends.base import Backend, Pairs, concat_pairs
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import InputMetric, MonitorSpec, OutputKind
 
 _MARGIN = 1e-9
 _MAX_BINS = 1e6

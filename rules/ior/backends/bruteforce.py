@@ -8,8 +8,7 @@ with a temporary flat index.
 from __future__ import annotations
 
 import numpy as np
-
-from rules.ior.backends.base import (
+from vigil.rules.ior.backends.base import (
     Backend,
     FlatSearch,
     Pairs,
@@ -18,8 +17,8 @@ from rules.ior.backends.base import (
     may_differ,
     partitions,
 )
-from rules.ior.history import History
-from rules.ior.spec import MonitorSpec
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import MonitorSpec
 
 
 class _Partition:

@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.ior.backends.base import Backend, Pairs, expand_ranges
-from rules.ior.history import History
-from rules.ior.spec import MonitorSpec, OutputKind
+from vigil.rules.ior.backends.base import Backend, Pairs, expand_ranges
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import MonitorSpec, OutputKind
 
 _SEED = np.uint64(0x243F6A8885A308D3)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

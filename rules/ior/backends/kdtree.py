@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.spatial import cKDTree
-
-from rules.ior.backends.base import Pairs
-from rules.ior.backends.periodic import PeriodicBackend
-from rules.ior.spec import InputMetric
+from vigil.rules.ior.backends.base import Pairs
+from vigil.rules.ior.backends.periodic import PeriodicBackend
+from vigil.rules.ior.spec import InputMetric
 
 _MINKOWSKI_P = {InputMetric.LINF: np.inf, InputMetric.L2: 2.0, InputMetric.L1: 1.0}
 

@@ -18,17 +18,16 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
-
-from rules.ior.backends.base import Backend, Pairs, verify
-from rules.ior.history import History
-from rules.ior.spec import MonitorSpec
+from vigil.rules.ior.backends.base import Backend, Pairs, verify
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import MonitorSpec
 
 
 class _Block:
     """One block's sub-monitor: a history of the block's columns and an inner backend."""
 
     def __init__(self, spec: dict, inner: str) -> None:
-        from rules.ior.backends import BACKENDS
+        from vigil.rules.ior.backends import BACKENDS
 
         sub_spec = MonitorSpec.from_dict(spec)
         self.history = History(sub_spec)
@@ -99,7 +98,7 @@ def _shut(conn: Connection, proc: mp.process.BaseProcess) -> None:
 def check_options(blocks: int, inner: str, workers: str) -> None:
     """Raise ValueError naming the first option a parallel backend cannot take (at config
     time as well as when one is built)."""
-    from rules.ior.backends import BACKENDS
+    from vigil.rules.ior.backends import BACKENDS
 
     if blocks < 1:
         raise ValueError(f"blocks must be >= 1, got {blocks}")

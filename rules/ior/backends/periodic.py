@@ -9,8 +9,7 @@ from abc import abstractmethod
 from typing import Any
 
 import numpy as np
-
-from rules.ior.backends.base import (
+from vigil.rules.ior.backends.base import (
     Backend,
     Pairs,
     concat_pairs,
@@ -18,8 +17,8 @@ from rules.ior.backends.base import (
     may_differ,
     partitions,
 )
-from rules.ior.history import History
-from rules.ior.spec import MonitorSpec
+from vigil.rules.ior.history import History
+from vigil.rules.ior.spec import MonitorSpec
 
 BUILD_TO_SCAN_COST = 30.0
 """Cost of one index-build step (per point and log2 level) in units of one buffer scan step

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from rules.ior.backends.base import Pairs, expand_ranges
-from rules.ior.backends.periodic import PeriodicBackend
-from rules.ior.spec import InputMetric
+from vigil.rules.ior.backends.base import Pairs, expand_ranges
+from vigil.rules.ior.backends.periodic import PeriodicBackend
+from vigil.rules.ior.spec import InputMetric
 
 
 @dataclass(frozen=True)
