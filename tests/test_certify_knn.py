@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from vigil.rules.certify.knn import (
     Encoder,
     Enumerator,
@@ -81,6 +82,27 @@ def test_nearest_matches_sorting_by_distance_then_index(points, metric, data):
         dist = (diff**2).sum(1) if metric == "euclidean" else diff.sum(1)
         expect = sorted(range(len(x)), key=lambda i: (dist[i], i))[:k]
         assert row.tolist() == expect
+
+
+@SETTINGS
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=2, max_size=2), min_size=2, max_size=12),
+    st.lists(st.lists(st.integers(0, 3), min_size=2, max_size=2), min_size=2, max_size=40),
+    st.sampled_from(["euclidean", "manhattan"]),
+    st.data(),
+)
+def test_nearest_breaks_ties_by_index_whatever_the_batch(points, queries, metric, data):
+    """Min-max scaled columns (thirds) make exact ties that a matrix product breaks one way
+    or the other depending on the batch's shape; the neighbours of a query must not."""
+    x = np.array(points, dtype=np.float64) / 3.0
+    q = np.array(queries, dtype=np.float64) / 3.0
+    k = data.draw(st.integers(1, len(x)))
+    together = nearest(x, q, k, metric)
+    for row, query in zip(together, q, strict=True):
+        assert row.tolist() == nearest(x, query[None, :], k, metric)[0].tolist()
+        diff = np.abs(x - query)
+        dist = (diff**2).sum(1) if metric == "euclidean" else diff.sum(1)
+        assert row.tolist() == sorted(range(len(x)), key=lambda i: (dist[i], i))[:k]
 
 
 @SETTINGS

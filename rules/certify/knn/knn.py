@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.spatial.distance import cdist
+
 from vigil.rules.certify.knn.errors import KnnInputError
 
 METRICS = {"euclidean": 2, "manhattan": 1}
@@ -36,43 +37,54 @@ def metric_power(metric: str) -> int:
         ) from None
 
 
-def distances(train: np.ndarray, queries: np.ndarray, metric: str) -> np.ndarray:
-    """(queries, train) distances in the order-preserving form: squared for Euclidean."""
+def _screen(train: np.ndarray, queries: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Fast (queries, train) distances in the order-preserving form (squared for Euclidean,
+    by one matrix product) and, per query, a bound on how far each may be from the pairwise
+    value."""
     if metric_power(metric) == 1:
-        return cdist(queries, train, "cityblock")
+        return cdist(queries, train, "cityblock"), np.zeros(len(queries))
+    qq = (queries * queries).sum(1)
+    tt = (train * train).sum(1)
     d = queries @ train.T
     d *= -2.0
-    d += (train * train).sum(1)[None, :]
-    d += (queries * queries).sum(1)[:, None]
-    return np.maximum(d, 0.0, out=d)
+    d += tt[None, :]
+    d += qq[:, None]
+    np.maximum(d, 0.0, out=d)
+    error = 4 * (queries.shape[1] + 2) * np.finfo(np.float64).eps * (qq + tt.max(initial=0.0))
+    return d, error
+
+
+def _pairwise(train: np.ndarray, queries: np.ndarray, metric: str) -> np.ndarray:
+    """Row i's distance between queries[i] and train[i], term by term (order-preserving form)."""
+    diff = np.abs(queries - train)
+    return (diff if metric_power(metric) == 1 else diff * diff).sum(1)
 
 
 def nearest(train: np.ndarray, queries: np.ndarray, k: int, metric: str) -> np.ndarray:
     """Indices (queries, k) of each query's k nearest training points, nearest first, ties by
-    training index."""
+    training index.
+
+    The ranking is decided on distances taken pair by pair: a matrix product only screens
+    the candidates, since BLAS rounds it by the batch's shape, so a query's neighbours would
+    otherwise depend on the other queries beside it and exact ties would break at random.
+    """
     n = len(train)
     if not 1 <= k <= n:
         raise KnnInputError(f"k={k} needs 1 <= k <= {n} training points")
     out = np.empty((len(queries), k), dtype=np.int64)
     step = max(1, _CHUNK_ELEMENTS // max(n, 1))
     for s in range(0, len(queries), step):
-        d = distances(train, queries[s : s + step], metric)
-        out[s : s + step] = _k_smallest(d, k)
+        chunk = queries[s : s + step]
+        d, error = _screen(train, chunk, metric)
+        kth = np.partition(d, k - 1, axis=1)[:, k - 1]
+        # a point within the exact k-th distance is within 2 * error of the screened one
+        r, c = np.nonzero(d <= (kth + 2 * error)[:, None])
+        exact = _pairwise(train[c], chunk[r], metric)
+        order = np.lexsort((c, exact, r))
+        r, c = r[order], c[order]
+        starts = np.searchsorted(r, np.arange(len(chunk)))
+        out[s : s + step] = c[starts[:, None] + np.arange(k)[None, :]]
     return out
-
-
-def _k_smallest(d: np.ndarray, k: int) -> np.ndarray:
-    """Per row, the k smallest columns by (value, column)."""
-    rows, n = d.shape
-    if k == n:
-        return np.argsort(d, axis=1, kind="stable")
-    kth = np.partition(d, k - 1, axis=1)[:, k - 1]
-    r, c = np.nonzero(d <= kth[:, None])
-    order = np.lexsort((c, d[r, c], r))
-    r, c = r[order], c[order]
-    starts = np.searchsorted(r, np.arange(rows))
-    take = starts[:, None] + np.arange(k)[None, :]
-    return c[take]
 
 
 def label_counts(nbr_labels: np.ndarray, ks: np.ndarray, q: int) -> np.ndarray:
