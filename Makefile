@@ -19,10 +19,11 @@ demo: $(STAMP)
 	$(VENV)/bin/vigil demo
 
 ## test: lint, start the dev Kafka broker, run the whole suite, stop the broker
+## (a broker that was already running on $(KAFKA_PORT) is left running)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	trap 'bash ops/kafka/dev-kafka.sh stop' EXIT; \
-	bash ops/kafka/dev-kafka.sh start && \
+	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
+	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
 	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q
 
 lint: $(STAMP)

@@ -27,6 +27,7 @@ import time
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
+
 from vigil.rules.certify.batch import BOUNDS, Solver, verify_inputs
 from vigil.rules.reach.network import Network
 

@@ -103,6 +103,17 @@ def one(row: str, backend: str, budget: float) -> dict:
     }
 
 
+def _failure(proc: subprocess.CompletedProcess) -> str:
+    """One line on why a backend's subprocess failed: its last stderr line, or the signal
+    that ended it (a SIGKILL with nothing on stderr is usually the out-of-memory killer)."""
+    lines = proc.stderr.strip().splitlines()
+    if lines:
+        return lines[-1]
+    if proc.returncode < 0:
+        return f"killed by {signal.Signals(-proc.returncode).name} (out of memory?)"
+    return f"exit code {proc.returncode}"
+
+
 def run_row(row: str, budget: float) -> None:
     name, eps = ROWS[row]
     results = {}
@@ -113,8 +124,7 @@ def run_row(row: str, budget: float) -> None:
             text=True,
         )
         if proc.returncode:
-            lines = proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
-            results[backend] = {"error": lines[-1]}
+            results[backend] = {"error": _failure(proc)}
         else:
             results[backend] = json.loads(proc.stdout)
     auto = results["auto"]

@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streams import CERTIFAIR_ZIP, certifair, synthetic
+
 from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 from vigil.rules.ior.distance import float32_search_radius, input_distance
 from vigil.rules.ior.spec import InputMetric

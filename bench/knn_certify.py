@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streams import CERTIFAIR_ZIP, SHARED_DATA
+
 from vigil.rules.certify.knn import Enumerator, FairKnnCertifier, Table, read_csv, split_target
 
 PAPER = {  # Table 3: (label %, s), (+individual %, s), (+eps %, s)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from sklearn.neural_network import MLPRegressor
+
 from vigil.rules.reach.basis import sample
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.online import Accelerations, OnlineVerifier

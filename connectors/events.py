@@ -7,9 +7,15 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+
+
+def now_iso() -> str:
+    """The current UTC time as the events' timestamp format (milliseconds, ``Z``)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,16 +31,29 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+class SourceFileError(ValueError):
+    """The decisions file cannot be read (it is missing, or not a file)."""
+
+
 class JsonLinesSource:
+    """Reads an existing JSON-lines file; a missing one fails when the source is made, before
+    a sink opens (and creates) any output file."""
+
     def __init__(self, path: Path, topic: str, offsets_file: Path) -> None:
         self.path = Path(path)
         self.tp: TopicPartition = (topic, 0)
         self._offsets_file = Path(offsets_file)
         self._lines: list[bytes] = []
         self._next = 0
+        if not self.path.is_file():
+            problem = "is not a file" if self.path.exists() else "no such file"
+            raise SourceFileError(f"decisions file {self.path}: {problem}")
 
     async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
-        self._lines = self.path.read_bytes().splitlines()
+        try:
+            self._lines = self.path.read_bytes().splitlines()
+        except OSError as e:
+            raise SourceFileError(f"decisions file {self.path}: {e.strerror}") from None
         self._on_revoke = on_revoke
         await on_assign([self.tp])
 

@@ -7,6 +7,7 @@ import asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaConnectionError
+
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from vigil.connectors.events import Record
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, Union, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
+
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.reach.online import Accelerations
 
@@ -249,13 +250,11 @@ class CfxRuleConfig(_Section):
     )
 
 
-RuleConfig = Annotated[
-    IorRuleConfig | ReachRuleConfig | CertifyRuleConfig | CfxRuleConfig,
-    Field(discriminator="kind"),
-]
+_RULE_CONFIGS = (IorRuleConfig, ReachRuleConfig, CertifyRuleConfig, CfxRuleConfig)
+RuleConfig = Annotated[Union[_RULE_CONFIGS], Field(discriminator="kind")]  # noqa: UP007
 
-
-_RULE_KINDS = ("ior", "reach", "certify", "cfx")
+RULE_KINDS = tuple(get_args(c.model_fields["kind"].annotation)[0] for c in _RULE_CONFIGS)
+"""The ``kind`` tags of ``[[rules]]`` entries, as the union above declares them."""
 
 
 class Config(_Section):
@@ -316,7 +315,7 @@ def parse_config(data: dict, origin: str = "config") -> Config:
         lines = []
         for err in e.errors():
             loc = list(err["loc"])
-            if loc[:1] == ["rules"] and len(loc) > 2 and loc[2] in _RULE_KINDS:
+            if loc[:1] == ["rules"] and len(loc) > 2 and loc[2] in RULE_KINDS:
                 del loc[2]  # the union's tag: the user wrote rules[i].key, not rules[i].kind.key
             key = ".".join(str(p) for p in loc) or "(top level)"
             lines.append(f"  {key}: {err['msg']}")
@@ -337,7 +336,23 @@ def load_config(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     config = parse_config(data, str(path))
-    return _resolve_paths(config, path.parent)
+    config = _resolve_paths(config, path.parent)
+    if config.files is not None:
+        _check_decisions_file(config.files.decisions, str(path))
+    return config
+
+
+def _check_decisions_file(decisions: Path, origin: str) -> None:
+    """The file source reads a decisions file that exists when the daemon starts (it does not
+    wait for one to appear): a missing one is a configuration error, found before any
+    output file is created."""
+    if decisions.is_file():
+        return
+    problem = "is not a file" if decisions.exists() else "no such file"
+    raise ConfigError(
+        f"{origin}: invalid configuration\n  files.decisions: {problem}: {decisions} "
+        "(a relative path is taken from the configuration file's directory)"
+    )
 
 
 def _resolve_paths(config: Config, base: Path) -> Config:

@@ -7,13 +7,23 @@ import csv
 import shutil
 import time
 from collections import Counter
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import orjson
+
 from vigil.daemon.config import parse_config
 from vigil.daemon.logs import configure_logging
 from vigil.daemon.service import run_daemon
+
+DEMO_STREAM = "compas-stream.csv"
+"""COMPAS recidivism predictions of a Certifair baseline model, in stream order."""
+
+
+def bundled_stream() -> Path:
+    """The demo stream shipped inside the package."""
+    return Path(str(files("vigil.daemon.data") / DEMO_STREAM))
 
 
 def write_decision_events(stream_csv: Path, out: Path, model: str) -> int:

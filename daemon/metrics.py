@@ -3,10 +3,37 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+# The label values known before the first event, which ``Metrics.start`` creates at 0 so that
+# rate() and increase() see a counter's first increment (a series that first appears at 1
+# looks to them like one that never moved).
+DECISION_OUTCOMES = ("checked", "flagged", "replayed", "dead_letter")
+"""``vigil_events`` outcomes of a rule that reads decisions (ior, reach, cfx)."""
+RULE_OUTCOMES: dict[str, tuple[str, ...]] = {"certify": ("checked", "dead_letter")}
+"""Outcomes of the rule kinds that read records of their own instead of decisions."""
+UNROUTED_OUTCOMES = ("unrouted", "dead_letter")
+"""``vigil_events`` outcomes of rule "": decisions no rule matched, undecodable events."""
+DEAD_LETTER_REASONS = (
+    "undecodable",
+    "non_finite",
+    "schema",
+    "dimension",
+    "model",
+    "invalid_request",
+)
+"""Every ``reason`` of a dead letter (connectors/schemas/dead_letter.json)."""
+SNAPSHOT_OUTCOMES = ("written", "loaded", "skipped_corrupt", "ignored_stale")
+JOB_OUTCOMES = ("ok", "invalid", "error", "timeout")
+"""``JobOutcome.status`` values (daemon/offload.py)."""
+RESTART_REASONS = ("timeout", "worker_died")
+VERIFICATION_STATUSES = ("holds", "violated", "unknown", "error")
+"""Statuses of a reach rule's verification step (connectors/schemas/verification.json)."""
+"""The jobs a reach rule runs in its own lane (daemon/adapters/reach.py)."""
 
 
 class Metrics:
@@ -113,6 +140,34 @@ class Metrics:
             "Exactly-once outputs waiting for the commit of their record (a job holds it).",
             registry=r,
         )
+
+    def start(self, rules: Mapping[str, str], pools: Mapping[str, Iterable[str]]) -> None:
+        """Create, at 0, every counter series whose labels are known at start-up: ``rules``
+        maps each rule's name to its kind, ``pools`` each offload pool's name to the job
+        kinds it runs (``Rule.offload_jobs``). Without this a counter's series appears only
+        with its first increment, already at 1, and alerts on ``increase()`` miss it."""
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_letters.labels(reason)
+        for outcome in SNAPSHOT_OUTCOMES:
+            self.snapshots.labels(outcome)
+        for outcome in UNROUTED_OUTCOMES:
+            self.events.labels("", outcome)
+        for rule, kind in rules.items():
+            outcomes = RULE_OUTCOMES.get(kind, DECISION_OUTCOMES)
+            for outcome in outcomes:
+                self.events.labels(rule, outcome)
+            if "flagged" in outcomes:
+                self.witnesses.labels(rule)
+                self.alerts.labels(rule)
+            if kind == "reach":
+                for status in VERIFICATION_STATUSES:
+                    self.verifications.labels(rule, status)
+        for pool, kinds in pools.items():
+            for reason in RESTART_REASONS:
+                self.worker_restarts.labels(pool, reason)
+            for kind in kinds:
+                for outcome in JOB_OUTCOMES:
+                    self.jobs.labels(pool, kind, outcome)
 
     def forget_partition(self, topic: str, partition: int, rules: list[str]) -> None:
         """Drop the per-partition series of a revoked partition."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 from threadpoolctl import threadpool_limits
+
 from vigil.daemon.metrics import Metrics
 
 log = structlog.get_logger("vigil.offload")

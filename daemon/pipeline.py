@@ -17,12 +17,21 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import structlog
+
 from vigil.connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
-from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, decode_decision, encode
-from vigil.daemon.alerts import now_iso
+from vigil.connectors.events import (
+    BadEvent,
+    Decision,
+    Record,
+    dead_letter,
+    decode_decision,
+    encode,
+    now_iso,
+)
+from vigil.daemon.adapters import Answer, Rule, RuleResult
+from vigil.daemon.checkpoint import Checkpoint
 from vigil.daemon.metrics import Metrics
-from vigil.daemon.rules import Answer, Rule, RuleResult, StaleSnapshot
-from vigil.daemon.state import SnapshotStore
+from vigil.daemon.state import SnapshotStore, restore_partition
 
 log = structlog.get_logger("vigil.pipeline")
 _IDLE_POLL_SECONDS = 0.01
@@ -30,7 +39,6 @@ _IDLE_POLL_SECONDS = 0.01
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    alerts_topic: str
     dead_letter_topic: str
     max_batch: int = 2000
     fetch_timeout_ms: int = 200
@@ -61,10 +69,8 @@ class Pipeline:
         self._unsnapshotted: dict[TopicPartition, int] = defaultdict(int)
         self._snapshot_at: dict[TopicPartition, float] = {}
         self._pending_writes: set[asyncio.Task] = set()
-        self._committed: dict[TopicPartition, int] = {}
-        self._outbox: dict[TopicPartition, list[Answer]] = defaultdict(list)  # exactly-once
+        self.checkpoint = Checkpoint(source, sink, metrics)
         self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
-        self.failed = False  # a delivery failed: nothing more is committed or snapshotted
 
     def _rules_for(self, topic: str) -> list[Rule]:
         return [r for r in self.rules if topic in r.topics]
@@ -78,49 +84,22 @@ class Pipeline:
             self.metrics.assigned_partitions.set(len(self.source.assignment()))
 
     async def _recover(self, tp: TopicPartition) -> None:
-        """Restore each rule's newest snapshot at or before the committed offset and seek to
-        the oldest one's offset. A partition with no committed offset starts where the
-        source's reset policy says (its first record, or its end for ``latest``)."""
-        committed = await self.source.committed(tp)
-        position = committed if committed is not None else await self.source.start_offset(tp)
-        start = position
-        for rule in self._rules_for(tp[0]):
-            if not rule.stateful:
-                self._apply_from[(rule.name, tp)] = position
-                continue
-            snapshot, skipped = self.store.load(rule.name, tp, at_most=committed)
-            if skipped:
-                self.metrics.snapshots.labels("skipped_corrupt").inc(skipped)
-            applied = None
-            if snapshot is not None:
-                try:
-                    rule.restore(tp, snapshot.blob)
-                except StaleSnapshot as e:  # rebuilt from the rule's origin
-                    log.warning("snapshot_ignored", rule=rule.name, tp=tp, reason=str(e))
-                    self.metrics.snapshots.labels("ignored_stale").inc()
-                else:
-                    applied = snapshot.offset
-                    self.metrics.snapshots.labels("loaded").inc()
-            if applied is None:
-                applied = self.store.origin(rule.name, tp)
-                # a new group starting later, or offsets reset back before the origin
-                if applied > position or (committed is None and applied < position):
-                    self.store.mark_origin(rule.name, tp, position)
-                    applied = position
-            self._apply_from[(rule.name, tp)] = applied
-            start = min(start, applied)
-        self._emit_from[tp] = position
-        self._committed[tp] = committed or 0
-        self._next[tp] = start
+        rules = self._rules_for(tp[0])
+        restored = await restore_partition(tp, rules, self.source, self.store, self.metrics)
+        for rule in rules:
+            self._apply_from[(rule.name, tp)] = restored.apply_from[rule.name]
+        self._emit_from[tp] = restored.emit_from
+        self.checkpoint.assign(tp, restored.committed)
+        self._next[tp] = restored.replay_from
         self._snapshot_at[tp] = time.monotonic()
         self._assignments[tp] += 1
-        await self.source.seek(tp, start)
+        await self.source.seek(tp, restored.replay_from)
         log.info(
             "partition_assigned",
             topic=tp[0],
             partition=tp[1],
-            committed=committed,
-            replay_from=start,
+            committed=restored.committed,
+            replay_from=restored.replay_from,
         )
 
     async def on_revoke(self, tps: list[TopicPartition]) -> None:
@@ -134,9 +113,7 @@ class Pipeline:
                     self._apply_from.pop((rule.name, tp), None)
                 del self._emit_from[tp]
                 self._next.pop(tp, None)
-                self._committed.pop(tp, None)
-                self._outbox.pop(tp, None)  # the new owner answers those records again
-                self.metrics.outbox.set(sum(map(len, self._outbox.values())))
+                self.checkpoint.revoke(tp)
                 self.metrics.forget_partition(*tp, [r.name for r in self._rules_for(tp[0])])
                 log.info("partition_revoked", topic=tp[0], partition=tp[1])
             await self._flush_snapshots()
@@ -191,53 +168,24 @@ class Pipeline:
             if self.failed:
                 return
             answers = [a for r in self.rules for a in r.completed()]
-            await self._deliver(answers, self._commit_positions(list(self._emit_from)))
+            await self.checkpoint.deliver(answers, self._commit_positions(list(self._emit_from)))
 
-    async def _deliver(self, answers: list[Answer], offsets: Offsets) -> None:
-        """Deliver answers, then commit the offsets they answer. A failure leaves the
-        pipeline ``failed``: the positions already advanced past answers that were not
-        delivered, so committing or snapshotting them later would lose those answers; the
-        restart replays from the last commit instead."""
-        if self.sink.commits_offsets:
-            answers = self._release(answers, offsets)
-        if not answers and not offsets:
-            return
-        try:
-            await self.sink.deliver([a.message for a in answers], offsets)
-            if not self.sink.commits_offsets and offsets:
-                await self.source.commit(offsets)
-        except BaseException:
-            self.failed = True
-            raise
-        self._committed.update(offsets)
-
-    def _release(self, answers: list[Answer], offsets: Offsets) -> list[Answer]:
-        """Exactly-once: the answers (new or waiting) to records that ``offsets`` commit; the
-        others wait in the outbox for the commit that passes their record (a job holds it
-        back), since a crash before that commit replays the record and answers it again."""
-        pending = [a for tp in list(self._outbox) for a in self._outbox.pop(tp)] + answers
-        out = []
-        for a in pending:
-            if a.offset < offsets.get(a.tp, self._committed.get(a.tp, 0)):
-                out.append(a)
-            else:
-                self._outbox[a.tp].append(a)
-        self.metrics.outbox.set(sum(map(len, self._outbox.values())))
-        return sorted(out, key=lambda a: (a.tp, a.offset))  # in record order
+    @property
+    def failed(self) -> bool:
+        """A delivery failed: nothing more is committed or snapshotted."""
+        return self.checkpoint.failed
 
     def _commit_positions(self, tps: list[TopicPartition]) -> Offsets:
         """For each partition, the position up to which every record is fully answered
         (behind the oldest record whose job is still running), if it moved."""
-        out: Offsets = {}
+        positions = {}
         for tp in tps:
             position = self._next.get(tp)
             if position is None:
                 continue
             holds = [h for r in self._rules_for(tp[0]) if (h := r.hold(tp)) is not None]
-            position = min([position, *holds])
-            if position > self._committed.get(tp, 0):
-                out[tp] = position
-        return out
+            positions[tp] = min([position, *holds])
+        return self.checkpoint.due(positions)
 
     async def process(
         self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
@@ -270,7 +218,7 @@ class Pipeline:
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
             offsets = self._commit_positions(list(positions))
-            await self._deliver(answers, offsets)
+            await self.checkpoint.deliver(answers, offsets)
             for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
@@ -315,16 +263,11 @@ class Pipeline:
             m = self.metrics
             m.events.labels(rule.name, "checked").inc(result.checked - replayed)
             m.events.labels(rule.name, "replayed").inc(replayed)
-            m.events.labels(rule.name, "flagged").inc(len(result.alerts))
-            m.witnesses.labels(rule.name).inc(sum(len(a["witnesses"]) for a in result.alerts))
-            m.alerts.labels(rule.name).inc(len(result.alerts))
+            m.events.labels(rule.name, "flagged").inc(result.alerts)
+            m.witnesses.labels(rule.name).inc(result.alert_witnesses)
+            m.alerts.labels(rule.name).inc(result.alerts)
             m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
             m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
-            for alert in result.alerts:
-                message = OutMessage(
-                    self.settings.alerts_topic, alert["model"].encode(), encode(alert)
-                )
-                out.append(Answer(tp, alert["source"]["offset"], message))
             out += self._outputs(rule, tp, result, emit_from)
         unrouted = routed.count(False)
         if unrouted:
@@ -383,7 +326,7 @@ class Pipeline:
                 continue
             # a rule restored from a newer snapshot skips records up to its own offset
             at = max(offset, self._apply_from.get((rule.name, tp), 0))
-            committed = self._committed.get(tp, 0)
+            committed = self.checkpoint.committed.get(tp, 0)
             task = asyncio.create_task(self._write(rule.name, tp, at, blob, committed))
             self._pending_writes.add(task)
             task.add_done_callback(self._pending_writes.discard)

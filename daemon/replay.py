@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import orjson
 from tqdm import tqdm
+
 from vigil.connectors.csv_source import read_csv_stream
-from vigil.daemon.alerts import witness_alerts
+from vigil.daemon.adapters.ior import witness_alerts
 from vigil.rules.ior import Monitor, MonitorSpec, OutputKind
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.ior.embedding import OnnxEmbedding
@@ -145,7 +146,7 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
                 def context(i: int, rows=batch.rows) -> tuple[str, dict[str, Any]]:
                     return path.stem, {"file": str(path), "row": int(rows[i])}
 
-                for alert in witness_alerts("replay", monitor, w, context, output_value, rows):
+                for _, alert in witness_alerts("replay", monitor, w, context, output_value, rows):
                     out.write(orjson.dumps(alert) + b"\n")
     summary = {
         "decisions": decisions,

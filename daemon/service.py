@@ -7,25 +7,18 @@ import contextlib
 import signal
 
 import structlog
+
 from vigil.connectors.files import JsonLinesSink, JsonLinesSource
 from vigil.connectors.kafka import BrokerUnavailable, KafkaSink, KafkaSource
-from vigil.daemon.certify_rule import CertifyRule, CfxRule
+from vigil.daemon.adapters import Rule, RuleContext, build_rule
 from vigil.daemon.config import Config
 from vigil.daemon.http import OpsServer
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
-from vigil.daemon.reach_rule import ReachRule
-from vigil.daemon.rules import IorRule, Rule, RuleContext
 from vigil.daemon.state import SnapshotStore
 
 log = structlog.get_logger("vigil")
-
-
-RULE_KINDS: dict[str, type[Rule]] = {
-    rule.kind: rule for rule in (IorRule, ReachRule, CertifyRule, CfxRule)
-}
-"""Rule classes by the ``kind`` a ``[[rules]]`` entry names."""
 
 
 def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
@@ -54,13 +47,19 @@ def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
         out.verifications_topic,
         out.certifications_topic,
         out.dead_letter_topic,
+        out.alerts_topic,
     )
-    return [RULE_KINDS[r.kind](r, context) for r in config.rules]
+    return [build_rule(r, context) for r in config.rules]
 
 
 def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     out = config.outputs
     rules = build_rules(config, metrics)
+    pools: dict[str, set[str]] = {}
+    for rule in rules:
+        for pool, kinds in rule.offload_jobs().items():
+            pools.setdefault(pool, set()).update(kinds)
+    metrics.start({r.name: r.kind for r in rules}, pools)
     if config.kafka is not None:
         k = config.kafka
         source = KafkaSource(
@@ -90,7 +89,6 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         sink = JsonLinesSink({topic: path for topic, path in files.items() if path is not None})
         max_batch, timeout = f.max_batch, 100  # the wait at the end of the file
     settings = PipelineSettings(
-        alerts_topic=out.alerts_topic,
         dead_letter_topic=out.dead_letter_topic,
         max_batch=max_batch,
         fetch_timeout_ms=timeout,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import zipfile
-from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +33,9 @@ def load_stream(path: Path) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture
 def compas() -> tuple[np.ndarray, np.ndarray]:
     """The first 3000 decisions of the bundled COMPAS demo stream."""
-    from vigil.daemon.cli import DEMO_STREAM
+    from vigil.daemon.demo import bundled_stream
 
-    x, y = load_stream(Path(str(files("vigil.daemon") / "demo" / DEMO_STREAM)))
+    x, y = load_stream(bundled_stream())
     return x[:3000], y[:3000]
 
 

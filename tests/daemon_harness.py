@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
 from vigil.rules.ior import Monitor, MonitorSpec
 
 KNN_RULE = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+
 from vigil.connectors.base import TopicPartition
 from vigil.connectors.memory import MemorySink
 

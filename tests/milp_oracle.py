@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import highspy
 import numpy as np
+
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.sets import InputSet, OutputSpec
 

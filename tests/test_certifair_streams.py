@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
 from tests.conftest import load_stream
 from tests.oracle import witness_sets
+from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from scipy.cluster.hierarchy import linkage, to_tree
 from scipy.optimize import linprog
 from scipy.spatial.distance import pdist
+
 from vigil.rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
 from vigil.rules.certify.batch.baverly import BatchVerifier, Stats, verify_one_by_one
 from vigil.rules.certify.batch.clustering import BatchTree, activation_patterns

@@ -12,6 +12,7 @@ import orjson
 import pytest
 from sklearn.datasets import load_digits
 from sklearn.neural_network import MLPClassifier
+
 from vigil.daemon.cli import main
 from vigil.rules.certify.batch.job import run_job
 from vigil.rules.reach.network import Network, OnnxRunner

@@ -14,16 +14,16 @@ import numpy as np
 import orjson
 import pytest
 from sklearn.neural_network import MLPClassifier
+
+from tests.conftest import SHARED_DATA
 from vigil.connectors.events import Decision, Record
-from vigil.daemon.certify_rule import CfxRule
+from vigil.daemon.adapters import CfxRule
 from vigil.daemon.cli import main
 from vigil.daemon.config import CfxRuleConfig
 from vigil.rules.certify.cfx import ShiftSample, worst_case
 from vigil.rules.certify.cfx.decision import margins
 from vigil.rules.certify.cfx.job import InvalidRequest, run_job
 from vigil.rules.reach.network import Network, OnnxRunner
-
-from tests.conftest import SHARED_DATA
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "connectors" / "schemas"
 KEYS = {"row", "valid", "delta_max", "samples", "seconds"}

@@ -12,6 +12,7 @@ import jsonschema
 import numpy as np
 import orjson
 import pytest
+
 from vigil.daemon.cli import main
 from vigil.rules.certify.knn import FairKnnCertifier, Table
 from vigil.rules.certify.knn.job import run_job
@@ -159,8 +160,9 @@ def test_cli_writes_one_line_per_input_and_a_sound_summary(tmp_path, capsys):
         "--k", "3,5,7", "--check", "--no-progress",
     ]  # fmt: skip
     assert main(argv) == 0
-    printed = capsys.readouterr().out.strip().splitlines()
-    summary = orjson.loads(printed[-1])["summary"]
+    captured = capsys.readouterr()
+    (printed,) = captured.out.strip().splitlines()  # one JSON line; the table is on stderr
+    summary = orjson.loads(printed)["summary"]
     lines = [orjson.loads(line) for line in out.read_text().splitlines()]
     assert [line["index"] for line in lines] == list(range(12))
     for line, row in zip(lines, test, strict=True):
@@ -178,7 +180,7 @@ def test_cli_writes_one_line_per_input_and_a_sound_summary(tmp_path, capsys):
         assert sum(g["inputs"] for g in summary[v]["groups"].values()) == 12
     assert summary["label"]["unsound"] == summary["individual"]["unsound"] == 0
     assert "unsound" not in summary["epsilon"]
-    assert any("sex=F" in p and "sex=M" not in p for p in printed)
+    assert any("sex=F" in p and "sex=M" not in p for p in captured.err.splitlines())
 
 
 def test_cli_reports_bad_columns(tmp_path, capsys):

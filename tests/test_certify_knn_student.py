@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vigil.rules.certify.knn import Enumerator, FairKnnCertifier, read_csv, split_target
 
 from tests.conftest import SHARED_DATA
+from vigil.rules.certify.knn import Enumerator, FairKnnCertifier, read_csv, split_target
 
 STUDENT = SHARED_DATA / "student-por.csv"
 

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from vigil.daemon.cli import main
 from vigil.rules.reach.network import Network
 

@@ -8,6 +8,7 @@ import base64
 
 import numpy as np
 import orjson
+
 from vigil.daemon.config import parse_config
 from vigil.daemon.service import run_daemon
 from vigil.rules.certify.batch.runner import verify_inputs

@@ -11,7 +11,6 @@ from importlib.resources import files
 import jsonschema
 import numpy as np
 import orjson
-from vigil.rules.certify.knn.job import run_job
 
 from tests.daemon_harness import (
     KNN_RULE,
@@ -22,6 +21,7 @@ from tests.daemon_harness import (
     produce,
     witness_map,
 )
+from vigil.rules.certify.knn.job import run_job
 
 
 def training(n: int, seed: int) -> tuple[list[list[float]], list[int]]:

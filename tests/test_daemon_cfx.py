@@ -11,20 +11,19 @@ from importlib.resources import files
 import jsonschema
 import numpy as np
 import orjson
+
+from tests.delivery import answers_within_commits
+from tests.oracle import witness_sets
 from vigil.connectors.memory import MemorySink, MemorySource
-from vigil.daemon.certify_rule import CfxRule
+from vigil.daemon.adapters import CfxRule, IorRule, RuleContext
 from vigil.daemon.config import parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
-from vigil.daemon.rules import IorRule, RuleContext
 from vigil.daemon.service import run_daemon
 from vigil.daemon.state import SnapshotStore
 from vigil.rules.certify.cfx.certify import certify_rows
 from vigil.rules.reach.network import Network
-
-from tests.delivery import answers_within_commits
-from tests.oracle import witness_sets
 
 
 async def test_counterfactuals_with_decisions_are_certified(tmp_path):
@@ -119,7 +118,7 @@ async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(
     context = RuleContext(metrics, pool, lambda *a: pool, "v", "certs", "dead")
     rules = [IorRule(config.rules[0]), CfxRule(config.rules[1], context)]
     source, sink = MemorySource("t", values), MemorySink(commits_offsets=True)
-    settings = PipelineSettings("alerts", "dead", fetch_timeout_ms=10)
+    settings = PipelineSettings("dead", fetch_timeout_ms=10)
     pipeline = Pipeline(rules, source, sink, SnapshotStore(tmp_path), metrics, settings)
     try:
         await source.start(pipeline.on_assign, pipeline.on_revoke)
@@ -137,7 +136,9 @@ async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(
     truth = witness_sets(x, y, 0.3)
     flagged = [n for n, ws in enumerate(truth) if ws]
     assert any(n > 5 for n in flagged)
-    assert sorted(a for a in answered if a[0] == "alerts") == [("alerts", n) for n in flagged]
+    assert sorted(a for a in answered if a[0] == "vigil.alerts") == [
+        ("vigil.alerts", n) for n in flagged
+    ]
     assert [a for a in answered if a[0] == "certs"] == [("certs", 5)]
 
 

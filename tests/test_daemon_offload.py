@@ -11,17 +11,16 @@ from pathlib import Path
 
 import orjson
 import pytest
+
+from tests import offload_jobs
+from tests.delivery import answers_within_commits
 from vigil.connectors.memory import MemorySink, MemorySource
-from vigil.daemon import certify_rule
+from vigil.daemon.adapters import RuleContext, certify
 from vigil.daemon.config import parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
-from vigil.daemon.rules import RuleContext
 from vigil.daemon.state import SnapshotStore
-
-from tests import offload_jobs
-from tests.delivery import answers_within_commits
 
 
 @pytest.fixture
@@ -117,11 +116,12 @@ async def test_saturation_is_reported_until_a_job_finishes(pool):
 
 
 async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, pool, monkeypatch):
-    monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
+    monkeypatch.setitem(certify.JOBS, "knn", "tests.offload_jobs")
     config = requests_config()
     shared = pool(workers=2)
     context = RuleContext(Metrics(), shared, lambda *a: shared, "v", "certs", "dead")
-    rule = certify_rule.CertifyRule(config.rules[0], context)
+    rule = certify.CertifyRule(config.rules[0], context)
+    assert rule.offload_jobs() == {shared.name: {"certify.knn"}}
     values = [
         orjson.dumps({"id": "slow", "sleep": 1.0}),
         orjson.dumps({"id": "fast", "sleep": 0.0}),
@@ -129,7 +129,7 @@ async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, 
         orjson.dumps({"id": "refused", "bad": True}),
     ]
     source, sink = MemorySource("requests", values), MemorySink()
-    settings = PipelineSettings("alerts", "dead", fetch_timeout_ms=10)
+    settings = PipelineSettings("dead", fetch_timeout_ms=10)
     pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), context.metrics, settings)
     await source.start(pipeline.on_assign, pipeline.on_revoke)
     await pipeline.process(await source.fetch(10, 0))
@@ -159,10 +159,10 @@ async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
     """Every result and dead letter is sent in the transaction whose commit passes its
     record, never before (a crash in between would answer the record twice), in request
     order, and none is left behind."""
-    monkeypatch.setitem(certify_rule.JOBS, "knn", "tests.offload_jobs")
+    monkeypatch.setitem(certify.JOBS, "knn", "tests.offload_jobs")
     shared = pool(workers=2)
     context = RuleContext(Metrics(), shared, lambda *a: shared, "v", "certs", "dead")
-    rule = certify_rule.CertifyRule(requests_config().rules[0], context)
+    rule = certify.CertifyRule(requests_config().rules[0], context)
     values = [
         orjson.dumps({"id": "slow", "sleep": 1.5}),
         orjson.dumps({"id": "fast"}),
@@ -171,7 +171,7 @@ async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
         orjson.dumps({"id": "last"}),
     ]
     source, sink = MemorySource("requests", values), MemorySink(commits_offsets=True)
-    settings = PipelineSettings("alerts", "dead", fetch_timeout_ms=10)
+    settings = PipelineSettings("dead", fetch_timeout_ms=10)
     pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), context.metrics, settings)
     await source.start(pipeline.on_assign, pipeline.on_revoke)
     await pipeline.process(await source.fetch(10, 0))

@@ -10,11 +10,11 @@ from importlib.resources import files
 import jsonschema
 import numpy as np
 import orjson
-from vigil.rules.reach.network import Network, OnnxRunner
-from vigil.rules.reach.sets import InputSet, OutputSpec
 
 from tests.daemon_harness import Daemon, consume_all, produce
 from tests.milp_oracle import max_violation
+from vigil.rules.reach.network import Network, OnnxRunner
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
 EPS = 0.05
 

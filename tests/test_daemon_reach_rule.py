@@ -8,16 +8,15 @@ import base64
 import numpy as np
 import orjson
 import pytest
+
+from tests import offload_jobs
 from vigil.connectors.events import Record, decode_decision
+from vigil.daemon.adapters import ReachRule, RuleContext, StaleSnapshot
 from vigil.daemon.config import parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import OffloadPool, process_executor
-from vigil.daemon.reach_rule import ReachRule
-from vigil.daemon.rules import RuleContext, StaleSnapshot
 from vigil.rules.reach import worker
 from vigil.rules.reach.network import Network
-
-from tests import offload_jobs
 
 DECISIONS, MODELS = ("decisions", 0), ("models", 0)
 

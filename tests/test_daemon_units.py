@@ -14,18 +14,18 @@ import jsonschema
 import numpy as np
 import orjson
 import pytest
+
+from tests.oracle import largest_ratios, witness_sets
 from vigil.connectors.events import BadEvent, Record, dead_letter, decode_decision, encode
 from vigil.connectors.memory import MemorySink, MemorySource
+from vigil.daemon.adapters import IorRule
 from vigil.daemon.cli import main
 from vigil.daemon.config import ConfigError, load_config, parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
-from vigil.daemon.rules import IorRule
 from vigil.daemon.service import _shutdown
 from vigil.daemon.state import SnapshotStore
 from vigil.rules.reach.network import Network
-
-from tests.oracle import largest_ratios, witness_sets
 
 CONTRACT = """
 [kafka]
@@ -211,7 +211,7 @@ def _pipeline(values, store, sink=None, every=50, source=None, **options):
         ).rules[0]
     )
     source = source or MemorySource("t", values)
-    settings = PipelineSettings("alerts", "dead", max_batch=37, snapshot_every_events=every)
+    settings = PipelineSettings("dead", max_batch=37, snapshot_every_events=every)
     pipeline = Pipeline([rule], source, sink or MemorySink(), store, Metrics(), settings)
     return pipeline, source, rule
 
@@ -239,7 +239,7 @@ def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_pat
     newest, _ = store.load("r", ("t", 0))
     assert newest.offset < 260  # the snapshot lags the commit: a replay is needed
     asyncio.run(run(400, commits))
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
     assert len(alerts) == len(expected)
@@ -323,7 +323,7 @@ def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
     sink.messages = [
         m
         for m in sink.messages
-        if m.topic != "alerts" or orjson.loads(m.value)["decision"]["id"] < commit
+        if m.topic != "vigil.alerts" or orjson.loads(m.value)["decision"]["id"] < commit
     ]
     pipeline, source, _ = _pipeline(values, store, sink)
     source.commits = [{("t", 0): commit}]
@@ -334,7 +334,7 @@ def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
         await pipeline.run(asyncio.Event(), until_idle=True)
 
     asyncio.run(second_run())
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
     assert len(alerts) == len(expected)
 
@@ -374,7 +374,7 @@ def test_a_group_starting_at_the_end_keeps_its_origin_across_a_restart(tmp_path)
     assert commits[-1] == {("t", 0): 200}
     assert not list(tmp_path.rglob("*.snap"))
     asyncio.run(run(300, commits))
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
     assert len(alerts) == len(expected)
 
@@ -383,7 +383,7 @@ def test_a_group_starting_at_the_end_keeps_its_origin_across_a_restart(tmp_path)
     asyncio.run(run(300, [{("t", 0): 50}]))
     truth = witness_sets(x[50:], y[50:], 0.25)
     expected = {50 + n: [50 + j for j, _ in ws] for n, ws in enumerate(truth) if ws}
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
 
 
@@ -475,7 +475,7 @@ def test_history_limit_bounds_each_partitions_history(tmp_path):
     monitor = rule.monitors[("t", 0)]
     assert monitor.size <= 60 and monitor.evicted + monitor.size == 400
     truth = witness_sets(x, y, 0.25)
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert alerts
     for a in alerts:
         n, found = a["decision"]["id"], [w["id"] for w in a["witnesses"]]
@@ -523,15 +523,14 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
         await pipeline.run(asyncio.Event(), until_idle=True)
 
     asyncio.run(second_run(asyncio.run(first_run())))
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
     assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
 
 
 def test_a_bad_model_file_stops_the_daemon_at_startup(tmp_path):
-    from vigil.daemon.service import build_pipeline
-
     from tests.onnx_models import mlp
+    from vigil.daemon.service import build_pipeline
 
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"\x08garbage")
@@ -556,7 +555,7 @@ def _run_rule(tmp_path, events: list[dict], **options) -> tuple[dict, list[dict]
         await pipeline.run(asyncio.Event(), until_idle=True)
 
     asyncio.run(run())
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
     return {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}, dead
 
@@ -629,7 +628,7 @@ def test_a_quantitative_rule_reports_and_filters_by_the_largest_ratio(tmp_path):
         await pipeline.run(asyncio.Event(), until_idle=True)
 
     asyncio.run(run())
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     truth, ratios = witness_sets(x, y, 0.25), largest_ratios(x, y, 0.25)
     above = {n for n, (r, _) in enumerate(ratios) if truth[n] and r > 5.0}
     assert {a["decision"]["id"] for a in alerts} == above and above
@@ -721,7 +720,7 @@ def test_a_snapshot_taken_under_another_comparison_is_not_restored(tmp_path, fir
     options = {"eps": 0.25, "metric": "linf", **then}
     truth = witness_sets(x, y, options["eps"], metric=options["metric"])
     expected = {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws and n >= 200}
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
     ignored = metrics.snapshots.labels("ignored_stale")._value.get()
     assert ignored == (1 if stale else 0)
@@ -770,7 +769,7 @@ def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
         await pipeline.run(asyncio.Event(), until_idle=True)
 
     asyncio.run(restart())
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert {a["decision"]["id"] for a in alerts} == set(range(1, 80))
 
 
@@ -797,7 +796,7 @@ def test_decisions_numpy_cannot_hold_are_dead_letters(tmp_path):
         (0, "schema"),
         (1, "schema"),
     ]
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "alerts"]
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     assert sorted(a["decision"]["id"] for a in alerts) == [1, 2]
 
 
@@ -847,12 +846,20 @@ def test_a_failing_lag_query_does_not_stop_the_pipeline(tmp_path):
     sink = MemorySink()
 
     async def run():
-        pipeline, _, _ = _pipeline([], SnapshotStore(tmp_path), sink)
-        source = Rebalancing("t", values)
-        pipeline.source = source
+        pipeline, source, _ = _pipeline(
+            [], SnapshotStore(tmp_path), sink, source=Rebalancing("t", values)
+        )
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.run(asyncio.Event(), until_idle=True)
         return source.commits
 
     assert asyncio.run(run())[-1] == {("t", 0): 3}
     assert sorted(orjson.loads(m.value)["decision"]["id"] for m in sink.messages) == [1, 2]
+
+
+def test_every_configurable_rule_kind_has_one_adapter():
+    from vigil.daemon.adapters import KINDS
+    from vigil.daemon.config import RULE_KINDS
+
+    assert sorted(KINDS) == sorted(RULE_KINDS)
+    assert all(KINDS[kind].kind == kind for kind in RULE_KINDS)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
-from vigil.rules.ior.embedding import OnnxEmbedding
 
 from tests.onnx_models import forward, mlp
 from tests.oracle import witness_sets
+from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
+from vigil.rules.ior.embedding import OnnxEmbedding
 
 
 def dyadic_mlp(rng, sizes):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vigil.rules.ior import InvalidDecision, Monitor, MonitorSpec
-from vigil.rules.ior.backends.periodic import optimal_buffer_size
 
 from tests.oracle import witness_sets
+from vigil.rules.ior import InvalidDecision, Monitor, MonitorSpec
+from vigil.rules.ior.backends.periodic import optimal_buffer_size
 
 
 def collect(monitor: Monitor, x, y, batch: int) -> list[list[tuple[int, float]]]:

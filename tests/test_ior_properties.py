@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
 from tests.oracle import largest_ratios, window_starts, witness_sets
+from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
 LABEL_ONLY = ("output", "output_dim", "delta", "output_metric")
 EPS = [0.0, 1 / 64, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]

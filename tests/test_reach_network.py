@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from vigil.daemon.cli import main
-from vigil.rules.reach.network import Network, OnnxRunner, UnsupportedModel, load_checked
 
 from tests.milp_oracle import max_violation
 from tests.onnx_models import forward, mlp
+from vigil.daemon.cli import main
+from vigil.rules.reach.network import Network, OnnxRunner, UnsupportedModel, load_checked
 
 
 def graph_model(nodes, inits, n_in: int, n_out: int, shape=None) -> bytes:

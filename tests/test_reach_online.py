@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.milp_oracle import max_violation
+from tests.test_reach_soundness import random_network
 from vigil.rules.reach.basis import sample
 from vigil.rules.reach.branch import EMPTY, HOLDS, evaluate
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.online import ACCELERATIONS, Accelerations, OnlineVerifier, lipschitz_bound
 from vigil.rules.reach.sets import InputSet, OutputSpec
-
-from tests.milp_oracle import max_violation
-from tests.test_reach_soundness import random_network
 
 STEPS = 6
 EXACT = ["bmi", "bmi+lb", "bmw", "bmw+ic"]

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.milp_oracle import max_violation
 from vigil.rules.reach.basis import sample
 from vigil.rules.reach.branch import HOLDS, reach_and_branch
 from vigil.rules.reach.network import Network, OnnxRunner
 from vigil.rules.reach.online import overall
 from vigil.rules.reach.sets import InputSet, OutputSpec
 from vigil.rules.reach.symbolic import reach
-
-from tests.milp_oracle import max_violation
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

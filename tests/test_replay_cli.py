@@ -7,19 +7,19 @@ import signal
 import subprocess
 import sys
 import time
-from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from vigil.daemon.cli import DEMO_STREAM, main
 
 from tests.conftest import load_stream
 from tests.onnx_models import forward, mlp
 from tests.oracle import largest_ratios, window_starts, witness_sets
+from vigil.daemon.cli import main
+from vigil.daemon.demo import bundled_stream
 
-DEMO = Path(str(files("vigil.daemon") / "demo" / DEMO_STREAM))
+DEMO = bundled_stream()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -1,48 +1,24 @@
-"""Certifications run in the offload pool.
+"""Rules whose work runs in the offload pool, one job per record.
 
-Every record with work is one job; jobs run side by side, and the consumer goes on while
-they run. A record's offset is committed only once its answer is delivered (``hold``), so a
-crash re-runs the job instead of losing its result; with exactly-once delivery the pipeline
-sends each answer in the transaction that commits its record, so none is duplicated either.
-
-``certify``: requests on a topic of their own.
-``cfx``: decisions that carry a counterfactual explanation (``cfx``) get its robustness to
-model shifts (APΔS delta_max).
+Jobs run side by side, and the consumer goes on while they run. A record's offset is
+committed only once its answer is delivered (``hold``), so a crash re-runs the job instead of
+losing its result; with exactly-once delivery the pipeline sends each answer in the
+transaction that commits its record, so none is duplicated either.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 from typing import Any
 
-import numpy as np
-import orjson
-from vigil.connectors.base import OutMessage, TopicPartition
-from vigil.connectors.events import Decision, Record, dead_letter, encode
-from vigil.daemon.alerts import now_iso
+from vigil.connectors.base import TopicPartition
+from vigil.connectors.events import Record
+from vigil.daemon.adapters.base import Answer, Rule, RuleContext
 from vigil.daemon.config import CertifyRuleConfig, CfxRuleConfig
 from vigil.daemon.offload import JobOutcome
-from vigil.daemon.rules import Answer, Rule, RuleContext, RuleResult, read_model
-from vigil.rules.certify.cfx.apas import parameter_count, sample_size
-from vigil.rules.certify.cfx.certify import as_rows, certify_rows
-from vigil.rules.certify.cfx.decision import margin_rows
-from vigil.rules.reach.network import Network
-
-JOBS = {
-    "knn": "vigil.rules.certify.knn.job",
-    "cfx": "vigil.rules.certify.cfx.job",
-    "batch": "vigil.rules.certify.batch.job",
-}
-"""The module whose ``run_job(request) -> result`` serves each ``job`` a certify rule names."""
 
 
-def run_certification(module: str, request: dict) -> dict:
-    """A pool job: the certification's module is imported in the worker, not the daemon."""
-    return importlib.import_module(module).run_job(request)
-
-
-class _PoolRule(Rule):
+class PooledRule(Rule):
     """A rule whose work runs in the shared offload pool, one job per record. The consumer
     goes on while jobs run; a partition's commit is held at its oldest record whose answer
     is not delivered yet."""
@@ -55,10 +31,19 @@ class _PoolRule(Rule):
         self.pool = context.pool
         self._jobs: dict[TopicPartition, dict[int, tuple[asyncio.Future, Any]]] = {}
 
-    def _start(self, record: Record, context: Any, kind: str, fn: Any, *args: Any) -> None:
+    @property
+    def job_kind(self) -> str:
+        """The offload job kind of this rule's work (a metric label)."""
+        return f"{self.kind}.{self.backend}"
+
+    def offload_jobs(self) -> dict[str, set[str]]:
+        return {self.pool.name: {self.job_kind}}
+
+    def _start(self, record: Record, context: Any, fn: Any, *args: Any) -> None:
         """Run ``fn(*args)`` in the pool for ``record``; ``context`` goes to ``_answers``."""
         tp = (record.topic, record.partition)
-        self._jobs.setdefault(tp, {})[record.offset] = (self.pool.submit(kind, fn, *args), context)
+        job = self.pool.submit(self.job_kind, fn, *args)
+        self._jobs.setdefault(tp, {})[record.offset] = (job, context)
 
     def _answers(self, context: Any, outcome: JobOutcome) -> list[Answer]:
         raise NotImplementedError
@@ -96,123 +81,3 @@ class _PoolRule(Rule):
 
     def close(self) -> None:
         self.pool.shutdown()
-
-
-class CertifyRule(_PoolRule):
-    kind = "certify"
-
-    def __init__(self, config: CertifyRuleConfig, context: RuleContext) -> None:
-        super().__init__(config, context)
-        self.config = config
-        self.backend = config.job
-
-    def wants_decisions(self, topic: str) -> bool:
-        return False
-
-    async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
-        result = RuleResult()
-        for record in records:
-            if record.offset < emit_from:
-                continue  # answered before the restart
-            try:
-                request = orjson.loads(record.value or b"")
-            except orjson.JSONDecodeError as e:
-                result.dead.append((record, "undecodable", f"not valid JSON: {e}"))
-                continue
-            if not isinstance(request, dict):
-                result.dead.append((record, "schema", "a request must be a JSON object"))
-                continue
-            kind, module = f"certify.{self.config.job}", JOBS[self.config.job]
-            context = (record, request.get("id"))
-            self._start(record, context, kind, run_certification, module, request)
-            result.checked += 1
-        return result
-
-    def _answers(self, context: tuple[Record, Any], outcome: JobOutcome) -> list[Answer]:
-        record, request_id = context
-        event: dict[str, Any] = {
-            "kind": "certification",
-            "rule": self.name,
-            "job": self.config.job,
-            "request_id": request_id,
-            "status": outcome.status,
-            "seconds": outcome.seconds,
-            "source": record.source,
-            "completed_at": now_iso(),
-        }
-        if outcome.status == "ok":
-            event["result"] = outcome.value
-        else:
-            event["error"] = outcome.error
-        key = record.key
-        out = [OutMessage(self.context.certifications_topic, key, encode(event))]
-        if outcome.status == "invalid":
-            letter = dead_letter(record, "invalid_request", outcome.error or "", now_iso())
-            letter["rule"] = self.name
-            self.context.metrics.dead_letters.labels("invalid_request").inc()
-            out.append(OutMessage(self.context.dead_letter_topic, key, encode(letter)))
-        return [Answer.to(record, m) for m in out]
-
-
-def cfx_robustness(
-    network: Network, rows: np.ndarray, target: int, gamma: float, R: float
-) -> list[dict]:
-    """APΔS delta_max of each counterfactual (a pool job)."""
-    return list(certify_rows(network, rows, target, gamma, R))
-
-
-class CfxRule(_PoolRule):
-    kind = "cfx"
-    backend = "apas"
-
-    def __init__(self, config: CfxRuleConfig, context: RuleContext) -> None:
-        super().__init__(config, context)
-        self.config = config
-        _, self.network = read_model(config.onnx, config.name)
-        try:  # a bad target or (gamma, R) fails at startup, not in every job
-            margin_rows(self.network, config.target)
-            sample_size(config.gamma, config.R, parameter_count(self.network))
-        except ValueError as e:
-            raise ValueError(f"rule {config.name!r}: {e}") from None
-
-    def matches(self, decision: Decision) -> bool:
-        return self.config.model is None or decision.model == self.config.model
-
-    async def check(
-        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
-    ) -> RuleResult:
-        result = RuleResult()
-        c = self.config
-        for d in decisions:
-            if d.record.offset < emit_from or "cfx" not in d.event:
-                continue  # answered before the restart, or nothing to check
-            try:
-                rows = as_rows(d.event["cfx"], self.network, "cfx")
-            except ValueError as e:
-                result.dead.append((d.record, "schema", str(e)))
-                continue
-            args = (self.network, rows, c.target, c.gamma, c.R)
-            self._start(d.record, d, "cfx.apas", cfx_robustness, *args)
-            result.checked += 1
-        return result
-
-    def _answers(self, decision: Decision, outcome: JobOutcome) -> list[Answer]:
-        event: dict[str, Any] = {
-            "kind": "certification",
-            "rule": self.name,
-            "job": "cfx",
-            "model": decision.model,
-            "decision": {"id": decision.id},
-            "status": outcome.status,
-            "seconds": outcome.seconds,
-            "source": decision.record.source,
-            "completed_at": now_iso(),
-        }
-        if outcome.status == "ok":
-            event["result"] = {"results": outcome.value}
-            event["robust"] = all(r["delta_max"] >= self.config.min_delta for r in outcome.value)
-        else:
-            event["error"] = outcome.error
-        key = decision.model.encode()
-        message = OutMessage(self.context.certifications_topic, key, encode(event))
-        return [Answer.to(decision.record, message)]

@@ -13,16 +13,25 @@ from urllib.request import url2pathname
 import numpy as np
 import orjson
 import structlog
+
 from vigil.connectors.base import OutMessage, TopicPartition
-from vigil.connectors.events import Decision, Record, encode
-from vigil.daemon.alerts import now_iso
+from vigil.connectors.events import Decision, Record, encode, now_iso
+from vigil.daemon.adapters.base import (
+    Answer,
+    Rule,
+    RuleContext,
+    RuleResult,
+    StaleSnapshot,
+    read_model,
+)
 from vigil.daemon.config import ReachRuleConfig
 from vigil.daemon.offload import JobOutcome, OffloadPool
-from vigil.daemon.rules import Answer, Rule, RuleContext, RuleResult, StaleSnapshot, read_model
 from vigil.rules.reach import worker
 from vigil.rules.reach.network import Network
 
 log = structlog.get_logger("vigil.reach")
+LOAD_JOB, STEP_JOB = "reach.load", "reach.step"
+"""The offload job kinds of the rule's lane: checking a new model, one verification step."""
 
 
 class ModelUpdateError(ValueError):
@@ -147,9 +156,7 @@ class ReachRule(Rule):
     async def _check_model(self, onnx: bytes) -> JobOutcome:
         """Load and check a model in the lane; a timeout or a dead worker (the lane is
         replaced) is tried once more before the update is given up."""
-        check = partial(
-            self.pool.submit, "reach.load", worker.check_model, onnx, len(self.config.C[0])
-        )
+        check = partial(self.pool.submit, LOAD_JOB, worker.check_model, onnx, len(self.config.C[0]))
         outcome = await check()
         if outcome.status in ("timeout", "error"):
             outcome = await check()
@@ -206,11 +213,14 @@ class ReachRule(Rule):
     async def _submit(self, lower: np.ndarray, upper: np.ndarray, resend: bool) -> JobOutcome:
         onnx = self.model if resend else None
         outcome = await self.pool.submit(
-            "reach.step", worker.step, self.name, self.options, self.version, onnx, lower, upper
+            STEP_JOB, worker.step, self.name, self.options, self.version, onnx, lower, upper
         )
         if resend and outcome.status == "ok":
             self._sent = self.version
         return outcome
+
+    def offload_jobs(self) -> dict[str, set[str]]:
+        return {self.pool.name: {LOAD_JOB, STEP_JOB}}
 
     def snapshot(self, tp: TopicPartition) -> bytes | None:
         buffer = io.BytesIO()

@@ -1,18 +1,14 @@
-"""`vigil` subcommands beyond the monitor's, one module each.
-
-A module names the group it joins (``GROUP``: None for a top-level command, or "verify" or
-"certify") and adds its parser in ``register(subparsers)``, setting ``handler`` to a function
-``(args) -> exit code`` that prints its own output. A ``ValueError`` from the handler becomes
-``vigil ...: error: <message>`` and exit code 2. ``load_npy`` reads array arguments,
-``out_path`` checks output files and ``seed`` parses ``--seed``.
-"""
+"""Argument types and readers the commands share; each names the flag in its errors."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
+
+from vigil.rules.ior.backends import parse_backend
 
 
 def load_npy(path: Path, flag: str) -> np.ndarray:
@@ -43,4 +39,36 @@ def seed(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def backend(text: str) -> str:
+    """An argparse type: a monitor backend spec (``auto``, ``parallel:4``, ...)."""
+    try:
+        parse_backend(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def scale_pair(text: str) -> tuple[str, float]:
+    """An argparse type: ``COLUMN=FACTOR``."""
+    name, sep, value = text.rpartition("=")
+    try:
+        factor = float(value)
+    except ValueError:
+        factor = None
+    if not sep or not name or factor is None:
+        raise argparse.ArgumentTypeError(f"expected COLUMN=FACTOR, got {text!r}")
+    return name, factor
+
+
+def threshold(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import orjson
 from tqdm import tqdm
-from vigil.daemon.commands import load_npy, seed
+
+from vigil.daemon.cli._args import load_npy, seed
 from vigil.rules.certify.cfx.certify import as_rows, certify_rows
 from vigil.rules.reach.network import Network, load_checked
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import orjson
 from tqdm import tqdm
-from vigil.daemon.commands import out_path
+
+from vigil.daemon.cli._args import out_path
 from vigil.rules.certify.knn import VARIANTS, Enumerator, FairKnnCertifier, read_csv, split_target
 from vigil.rules.certify.knn.certifier import DEFAULT_FOLDS
 from vigil.rules.certify.knn.summary import format_summary, summarize
@@ -152,10 +154,9 @@ def run(args: argparse.Namespace) -> int:
         for line in lines:
             f.write(orjson.dumps(line) + b"\n")
     summary = summarize(records)
-    print(
-        f"K = {cert.k}, KSet = {[int(k) for k in cert.kset]}, learned in {cert.learn_seconds:.2f}s"
-    )
-    print(format_summary(summary))
+    kset = [int(k) for k in cert.kset]
+    print(f"K = {cert.k}, KSet = {kset}, learned in {cert.learn_seconds:.2f}s", file=sys.stderr)
+    print(format_summary(summary), file=sys.stderr)
     print(
         orjson.dumps(
             {"k": cert.k, "kset": [int(k) for k in cert.kset], "summary": summary}

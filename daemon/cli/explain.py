@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 from tqdm import tqdm
-from vigil.daemon.commands import load_npy, out_path, seed
-from vigil.daemon.commands.cfx import load_model
+
+from vigil.daemon.cli._args import load_npy, out_path, seed
+from vigil.daemon.cli.certify_cfx import load_model
 from vigil.rules.certify.cfx.certify import as_rows
 from vigil.rules.certify.cfx.generate import nearest_cfx, robust_cfx
 

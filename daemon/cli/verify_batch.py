@@ -8,7 +8,8 @@ from pathlib import Path
 
 import orjson
 from tqdm import tqdm
-from vigil.daemon.commands import load_npy, out_path, seed
+
+from vigil.daemon.cli._args import load_npy, out_path, seed
 from vigil.rules.certify.batch import (
     BOUNDS,
     METHODS,

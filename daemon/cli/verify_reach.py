@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-from vigil.daemon.commands import load_npy, seed
+
+from vigil.daemon.cli._args import load_npy, seed
 from vigil.rules.reach.basis import sample
 from vigil.rules.reach.branch import reach_and_branch
 from vigil.rules.reach.network import OnnxRunner, load_checked

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import structlog
+
 from vigil.connectors.base import TopicPartition
 from vigil.connectors.files import atomic_write
 

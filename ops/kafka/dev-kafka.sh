@@ -2,7 +2,8 @@
 # Development Apache Kafka broker for tests: one KRaft node (broker and
 # controller in a single JVM) on loopback, fresh state on every start.
 #
-#   ops/kafka/dev-kafka.sh start    # download (first time), format, start, wait until ready
+#   ops/kafka/dev-kafka.sh start    # download (first time), format, start, wait until ready;
+#                                   # prints "started", or "already-running" if it was
 #   ops/kafka/dev-kafka.sh stop     # SIGTERM, then SIGKILL after a grace period
 #   ops/kafka/dev-kafka.sh status   # exit 0 if running, 3 if stopped
 #
@@ -335,6 +336,7 @@ cmd_start() {
     pids="$(running_pids)"
     if [[ -n "$pids" ]]; then
         log "already running (pid ${pids//$'\n'/ }, $HOST:$KAFKA_PORT, run dir $RUN_DIR)"
+        echo "already-running"
         return 0
     fi
 
@@ -397,6 +399,9 @@ cmd_start() {
     trap - INT TERM
 
     log "Apache Kafka $KAFKA_VERSION ready on $HOST:$KAFKA_PORT (controller $HOST:$KAFKA_CONTROLLER_PORT, pid $STARTING_PID, run dir $RUN_DIR) in $((SECONDS - t0))s"
+    # The one line on stdout (logs go to stderr): callers such as `make test` stop the
+    # broker afterwards only if this call started it.
+    echo "started"
 }
 
 main() {

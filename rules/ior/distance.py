@@ -8,6 +8,7 @@ bit and makes the ball closed: ``d_in <= eps``.
 from __future__ import annotations
 
 import numpy as np
+
 from vigil.rules.ior.spec import InputMetric, OutputMetric
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+
 from vigil.rules.ior.backends import BACKENDS, Backend
 from vigil.rules.ior.backends.base import Verified, verify
 from vigil.rules.ior.embedding import OnnxEmbedding

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from vigil.rules.reach.basis import Basis
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.sets import InputSet, OutputSpec

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.reach.basis import sample
 from vigil.rules.reach.branch import (
     EMPTY,

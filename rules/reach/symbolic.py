@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+
 from vigil.rules.reach.network import Network
 
 METHODS = ("symbolic", "interval")

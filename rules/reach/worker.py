@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.reach.network import Network, load_checked
 from vigil.rules.reach.online import Accelerations, OnlineVerifier
 from vigil.rules.reach.sets import InputSet, OutputSpec

@@ -7,6 +7,7 @@ proves nothing, and the complete MILP decides.
 from __future__ import annotations
 
 import numpy as np
+
 from vigil.rules.certify.batch.encoding import Layer
 from vigil.rules.reach.network import Network
 

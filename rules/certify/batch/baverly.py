@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from vigil.rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
 from vigil.rules.certify.batch.clustering import BatchTree, activation_patterns
 from vigil.rules.certify.batch.encoding import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 from scipy.spatial.distance import pdist
+
 from vigil.rules.reach.network import Network
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from vigil.rules.highs import quiet_highs
+
 INF = highspy.kHighsInf
 BOUND_SLACK = 1e-6
 """Relative and absolute widening of LP-derived bounds, so solver tolerances never cut a point."""
@@ -89,8 +91,7 @@ class ReluModel:
 
     def __init__(self, solver: Solver, budget: float | None = None) -> None:
         """``budget`` (seconds) caps the model's whole life."""
-        self.h = highspy.Highs()
-        self.h.setOptionValue("output_flag", False)
+        self.h = quiet_highs()
         self.h.setOptionValue("threads", 1)
         self.solver = solver
         self.deadline = None if budget is None else time.perf_counter() + budget

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.certify.batch.attack import pgd_attack
 from vigil.rules.certify.batch.encoding import (
     DEFAULT_SOLVER,

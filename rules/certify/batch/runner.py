@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
 from vigil.rules.certify.batch.encoding import DEFAULT_SOLVER, Solver, VerificationError
 from vigil.rules.certify.batch.mipverify import ball_box

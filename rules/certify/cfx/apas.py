@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from vigil.rules.certify.cfx.decision import margin_rows
 from vigil.rules.certify.cfx.search import DELTA_INIT, largest_delta
 from vigil.rules.reach.network import Network

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+
 from vigil.rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
 from vigil.rules.certify.cfx.decision import margins
 from vigil.rules.certify.cfx.milp import provable_delta_max

@@ -9,6 +9,7 @@ interval and MILP checks share one definition.
 from __future__ import annotations
 
 import numpy as np
+
 from vigil.rules.reach.network import Network
 
 

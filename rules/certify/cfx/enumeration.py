@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.certify.cfx.decision import margin_rows
 from vigil.rules.certify.cfx.interval import ParameterBox, interval_bounds
 from vigil.rules.reach.network import Network

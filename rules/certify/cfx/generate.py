@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
 from vigil.rules.certify.cfx.apas import ShiftSample, parameter_count, sample_size
 from vigil.rules.certify.cfx.decision import margin_rows
 from vigil.rules.certify.cfx.highs import Milp

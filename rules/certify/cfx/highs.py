@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from vigil.rules.highs import quiet_highs
+
 
 class SolverFailure(RuntimeError):
     """HiGHS ended without an optimal solution for a model that should always have one."""
@@ -51,8 +53,7 @@ class Milp:
 
     def solve(self, cost: np.ndarray, offset: float = 0.0) -> Solution | None:
         """Minimise cost @ x + offset; None when the rows and bounds admit no point."""
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = quiet_highs()
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 1e-9)
         lo = np.concatenate(self._lo) if self._lo else np.zeros(0)

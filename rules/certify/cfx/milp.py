@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.certify.cfx.decision import margin_rows
 from vigil.rules.certify.cfx.highs import Milp, SolverFailure
 from vigil.rules.certify.cfx.interval import ParameterBox, interval_bounds

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.certify.knn.encoding import Encoder
 from vigil.rules.certify.knn.enumeration import Enumerator
 from vigil.rules.certify.knn.errors import KnnInputError

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+
 from vigil.rules.certify.knn.errors import KnnInputError
 from vigil.rules.certify.knn.table import Table
 

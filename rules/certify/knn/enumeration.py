@@ -8,6 +8,7 @@ import itertools
 import math
 
 import numpy as np
+
 from vigil.rules.certify.knn.errors import KnnInputError
 from vigil.rules.certify.knn.knn import KnnModel, fold_ids, label_counts, nearest, vote
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+
 from vigil.rules.certify.knn.certifier import DEFAULT_FOLDS, VARIANTS, FairKnnCertifier
 from vigil.rules.certify.knn.errors import KnnInputError
 from vigil.rules.certify.knn.table import Table, check_unique, read_csv, split_target

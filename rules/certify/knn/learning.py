@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import highspy
 import numpy as np
+
 from vigil.rules.certify.knn.knn import KnnModel, fold_error_rates, fold_ids, label_counts
+from vigil.rules.highs import quiet_highs
 
 
 def _own_and_rival(counts: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -41,8 +43,7 @@ def _lp_feasible(counts: np.ndarray, y: int, n: int) -> bool:
     least every other label's count (#l - f_l <= #y + sum f)?"""
     others = [c for c in range(len(counts)) if c != y]
     m = len(others)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     inf = highspy.kHighsInf
     h.addVars(m, np.zeros(m), counts[others].astype(np.float64))
     idx = np.arange(m, dtype=np.int32)

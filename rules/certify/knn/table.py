@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from vigil.rules.certify.knn.errors import KnnInputError
 
 _TARGET = re.compile(r"^\s*([^<>=!]+?)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import faiss
 import numpy as np
+
 from vigil.rules.ior.distance import float32_search_radius, input_distance, output_distance
 from vigil.rules.ior.history import History
 from vigil.rules.ior.spec import InputMetric, MonitorSpec, OutputKind

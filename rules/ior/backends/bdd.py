@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from dd import cudd
+
 from vigil.rules.ior.backends.base import Backend, Pairs, concat_pairs
 from vigil.rules.ior.history import History
 from vigil.rules.ior.spec import InputMetric, MonitorSpec, OutputKind

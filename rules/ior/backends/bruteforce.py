@@ -8,6 +8,7 @@ with a temporary flat index.
 from __future__ import annotations
 
 import numpy as np
+
 from vigil.rules.ior.backends.base import (
     Backend,
     FlatSearch,

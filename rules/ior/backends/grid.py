@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.ior.backends.base import Backend, Pairs, expand_ranges
 from vigil.rules.ior.history import History
 from vigil.rules.ior.spec import MonitorSpec, OutputKind

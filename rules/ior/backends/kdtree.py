@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.spatial import cKDTree
+
 from vigil.rules.ior.backends.base import Pairs
 from vigil.rules.ior.backends.periodic import PeriodicBackend
 from vigil.rules.ior.spec import InputMetric

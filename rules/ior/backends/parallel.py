@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+
 from vigil.rules.ior.backends.base import Backend, Pairs, verify
 from vigil.rules.ior.history import History
 from vigil.rules.ior.spec import MonitorSpec

@@ -9,6 +9,7 @@ from abc import abstractmethod
 from typing import Any
 
 import numpy as np
+
 from vigil.rules.ior.backends.base import (
     Backend,
     Pairs,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from vigil.rules.ior.backends.base import Pairs, expand_ranges
 from vigil.rules.ior.backends.periodic import PeriodicBackend
 from vigil.rules.ior.spec import InputMetric

@@ -1,0 +1,37 @@
+"""Rule adapters: one module per ``kind`` of ``[[rules]]`` entry, each turning the pipeline's
+batches into finished answers (alerts, verification and certification events, dead letters)
+by calling the algorithms in ``vigil.rules``."""
+
+from __future__ import annotations
+
+from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StaleSnapshot
+from vigil.daemon.adapters.certify import CertifyRule
+from vigil.daemon.adapters.cfx import CfxRule
+from vigil.daemon.adapters.ior import IorRule
+from vigil.daemon.adapters.reach import ReachRule
+from vigil.daemon.config import RuleConfig
+
+KINDS: dict[str, type[Rule]] = {
+    rule.kind: rule for rule in (IorRule, ReachRule, CertifyRule, CfxRule)
+}
+"""Rule classes by the ``kind`` a ``[[rules]]`` entry names."""
+
+
+def build_rule(config: RuleConfig, context: RuleContext) -> Rule:
+    """The adapter for one configured rule (its models loaded and checked)."""
+    return KINDS[config.kind](config, context)
+
+
+__all__ = [
+    "KINDS",
+    "Answer",
+    "CertifyRule",
+    "CfxRule",
+    "IorRule",
+    "ReachRule",
+    "Rule",
+    "RuleContext",
+    "RuleResult",
+    "StaleSnapshot",
+    "build_rule",
+]
