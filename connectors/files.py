@@ -7,8 +7,10 @@ its committed offset lives in a small JSON file written atomically.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
@@ -16,14 +18,20 @@ from vigil.connectors.events import Record
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file, fsync, rename: readers see the old or the new file."""
+    """Write via a temporary file of its own, fsync, rename: readers see the old or the new
+    file, and two writers of one path never share a temporary file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

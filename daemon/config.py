@@ -55,6 +55,11 @@ class KafkaConfig(_Section):
         default=10_000, description="how soon a crashed instance's partitions are reassigned"
     )
 
+    def instance_transactional_id(self, host: str) -> str:
+        """The configured id, or one unique per host and stable across restarts there:
+        ``<group_id>-<client_id>-<host>``. Instances sharing an id fence each other."""
+        return self.transactional_id or f"{self.group_id}-{self.client_id}-{host}"
+
 
 class FilesConfig(_Section):
     """JSON-lines files instead of Kafka: the embedded default (no broker)."""

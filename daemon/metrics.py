@@ -27,7 +27,7 @@ DEAD_LETTER_REASONS = (
     "invalid_request",
 )
 """Every ``reason`` of a dead letter (connectors/schemas/dead_letter.json)."""
-SNAPSHOT_OUTCOMES = ("written", "loaded", "skipped_corrupt", "ignored_stale")
+SNAPSHOT_OUTCOMES = ("written", "failed", "loaded", "skipped_corrupt", "ignored_stale")
 JOB_OUTCOMES = ("ok", "invalid", "error", "timeout")
 """``JobOutcome.status`` values (daemon/offload.py)."""
 RESTART_REASONS = ("timeout", "worker_died")
@@ -91,7 +91,7 @@ class Metrics:
         )
         self.snapshots = Counter(
             "vigil_snapshots",
-            "State snapshots by outcome (written, loaded, skipped_corrupt, ignored_stale).",
+            "State snapshots by outcome (written, failed, loaded, skipped_corrupt, ignored_stale).",
             ["outcome"],
             registry=r,
         )

@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 
 import structlog
 
@@ -68,7 +69,7 @@ class Pipeline:
         self._next: dict[TopicPartition, int] = {}
         self._unsnapshotted: dict[TopicPartition, int] = defaultdict(int)
         self._snapshot_at: dict[TopicPartition, float] = {}
-        self._pending_writes: set[asyncio.Task] = set()
+        self._writes: dict[tuple[str, TopicPartition], asyncio.Task] = {}  # newest per key
         self.checkpoint = Checkpoint(source, sink, metrics)
         self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
 
@@ -327,23 +328,45 @@ class Pipeline:
             # a rule restored from a newer snapshot skips records up to its own offset
             at = max(offset, self._apply_from.get((rule.name, tp), 0))
             committed = self.checkpoint.committed.get(tp, 0)
-            task = asyncio.create_task(self._write(rule.name, tp, at, blob, committed))
-            self._pending_writes.add(task)
-            task.add_done_callback(self._pending_writes.discard)
+            key = (rule.name, tp)
+            after = self._writes.get(key)
+            task = asyncio.create_task(self._write(key, at, blob, committed, after))
+            self._writes[key] = task
+            task.add_done_callback(partial(self._written, key))
         self._unsnapshotted[tp] = 0
         self._snapshot_at[tp] = time.monotonic()
 
     async def _write(
-        self, rule: str, tp: TopicPartition, offset: int, blob: bytes, committed: int
+        self,
+        key: tuple[str, TopicPartition],
+        offset: int,
+        blob: bytes,
+        committed: int,
+        after: asyncio.Task | None,
     ) -> None:
+        """Write one snapshot once the previous write of the same rule and partition is done
+        (they would race on the same files). A failure is logged and counted: the state is
+        still in memory and the next snapshot, or a longer replay, covers it."""
+        if after is not None:
+            await after
+        rule, tp = key
         started = time.perf_counter()
-        await asyncio.to_thread(self.store.save, rule, tp, offset, blob, committed)
+        try:
+            await asyncio.to_thread(self.store.save, rule, tp, offset, blob, committed)
+        except Exception as e:
+            log.error("snapshot_write_failed", rule=rule, tp=tp, offset=offset, error=repr(e))
+            self.metrics.snapshots.labels("failed").inc()
+            return
         self.metrics.snapshot_seconds.observe(time.perf_counter() - started)
         self.metrics.snapshots.labels("written").inc()
 
+    def _written(self, key: tuple[str, TopicPartition], task: asyncio.Task) -> None:
+        if self._writes.get(key) is task:
+            del self._writes[key]
+
     async def _flush_snapshots(self) -> None:
-        if self._pending_writes:
-            await asyncio.gather(*self._pending_writes)
+        if self._writes:
+            await asyncio.gather(*self._writes.values())
 
     async def snapshot_all(self) -> None:
         """Snapshot every assigned partition now and wait for the files."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 
 import structlog
 
@@ -73,7 +74,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
             k.fetch_max_wait_ms,
         )
         transactional_id = (
-            (k.transactional_id or f"{k.group_id}-{k.client_id}") if k.exactly_once else None
+            k.instance_transactional_id(socket.gethostname()) if k.exactly_once else None
         )
         sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id)
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms

@@ -7,6 +7,8 @@ import asyncio
 import hashlib
 import json
 import re
+import threading
+import time
 from importlib.resources import files
 from pathlib import Path
 
@@ -863,3 +865,76 @@ def test_every_configurable_rule_kind_has_one_adapter():
 
     assert sorted(KINDS) == sorted(RULE_KINDS)
     assert all(KINDS[kind].kind == kind for kind in RULE_KINDS)
+
+
+class _RecordingStore(SnapshotStore):
+    """Saves slowly and records how many saves of one (rule, partition) overlap; the first
+    ``failures`` saves raise."""
+
+    def __init__(self, root, failures: int = 0) -> None:
+        super().__init__(root)
+        self.failures = failures
+        self.active: dict[tuple, int] = {}
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def save(self, rule, tp, offset, blob, committed=0):
+        with self.lock:
+            self.active[(rule, tp)] = self.active.get((rule, tp), 0) + 1
+            self.most = max(self.most, self.active[(rule, tp)])
+            fail = self.failures > 0
+            self.failures -= fail
+        try:
+            time.sleep(0.05)
+            if fail:
+                raise OSError("disk full")
+            return super().save(rule, tp, offset, blob, committed)
+        finally:
+            with self.lock:
+                self.active[(rule, tp)] -= 1
+
+
+def test_snapshot_writes_of_one_partition_never_overlap_and_failures_are_counted(tmp_path):
+    rng = np.random.default_rng(5)
+    values = _decisions(rng.integers(0, 8, size=(300, 3)) / 8, rng.integers(0, 2, size=300))
+    store = _RecordingStore(tmp_path, failures=2)
+
+    async def run():
+        pipeline, source, _ = _pipeline(values, store, every=10)  # a snapshot every batch
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        await pipeline.snapshot_all()
+        return pipeline
+
+    pipeline = asyncio.run(run())
+    assert store.most == 1
+    text = pipeline.metrics.render().decode()
+    assert 'vigil_snapshots_total{outcome="failed"} 2.0' in text
+    assert 'vigil_snapshots_total{outcome="written"}' in text
+    newest, _ = store.load("r", ("t", 0))
+    assert newest.offset == 300
+
+
+def test_atomic_writes_of_one_path_from_two_threads_never_collide(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vigil.connectors.files import atomic_write
+
+    path = tmp_path / "x.snap"
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: atomic_write(path, str(i).encode() * 1000), range(200)))
+    assert path.read_bytes() in {str(i).encode() * 1000 for i in range(200)}  # one, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["x.snap"]
+
+
+def test_the_default_transactional_id_differs_between_hosts_and_not_between_restarts():
+    kafka = parse_config(
+        {
+            "kafka": {"bootstrap_servers": "b:9092", "exactly_once": True},
+            "rules": [{"name": "r", "kind": "ior", "topic": "t", "eps": 0.1}],
+        }
+    ).kafka
+    assert kafka.instance_transactional_id("a") == kafka.instance_transactional_id("a")
+    assert kafka.instance_transactional_id("a") != kafka.instance_transactional_id("b")
+    fixed = kafka.model_copy(update={"transactional_id": "mine"})
+    assert fixed.instance_transactional_id("a") == fixed.instance_transactional_id("b") == "mine"
