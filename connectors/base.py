@@ -37,6 +37,10 @@ class Source(Protocol):
     async def start_offset(self, tp: TopicPartition) -> int:
         """Where a partition with no committed offset is read from (the reset policy)."""
 
+    async def first_offset(self, tp: TopicPartition) -> int:
+        """The offset of the partition's first retained record (retention deletes the ones
+        before it)."""
+
     async def seek(self, tp: TopicPartition, offset: int) -> None: ...
 
     async def lag(self) -> dict[TopicPartition, int]:

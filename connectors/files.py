@@ -89,6 +89,9 @@ class JsonLinesSource:
     async def start_offset(self, tp: TopicPartition) -> int:
         return 0
 
+    async def first_offset(self, tp: TopicPartition) -> int:
+        return 0
+
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         self._next = offset
 

@@ -91,16 +91,20 @@ class KafkaSource:
     async def start_offset(self, tp: TopicPartition) -> int:
         """The partition's first retained offset, or its end with ``auto_offset_reset =
         "latest"``."""
-        ktp = KafkaTP(*tp)
         if self._reset == "latest":
+            ktp = KafkaTP(*tp)
             return (await self._consumer.end_offsets([ktp]))[ktp]
+        return await self.first_offset(tp)
+
+    async def first_offset(self, tp: TopicPartition) -> int:
+        ktp = KafkaTP(*tp)
         return (await self._consumer.beginning_offsets([ktp]))[ktp]
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read from ``offset``, or from the first retained record if retention deleted it
         (left to the reset policy, ``latest`` would skip every record to the end)."""
         ktp = KafkaTP(*tp)
-        if offset <= (await self._consumer.beginning_offsets([ktp]))[ktp]:
+        if offset <= await self.first_offset(tp):
             await self._consumer.seek_to_beginning(ktp)
         else:
             self._consumer.seek(ktp, offset)

@@ -7,13 +7,15 @@ from vigil.connectors.events import Record
 
 
 class MemorySource:
-    """Serves the given records of one partition; remembers commits."""
+    """Serves the given records of one partition, those before ``first`` deleted (as by
+    retention); remembers commits."""
 
-    def __init__(self, topic: str, values: list[bytes | None]) -> None:
+    def __init__(self, topic: str, values: list[bytes | None], first: int = 0) -> None:
         self.tp: TopicPartition = (topic, 0)
         self.values = values
+        self.first = first
         self.commits: list[Offsets] = []
-        self._next = 0
+        self._next = first
 
     async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
         self._on_revoke = on_revoke
@@ -31,10 +33,13 @@ class MemorySource:
         return self.commits[-1].get(tp) if self.commits else None
 
     async def start_offset(self, tp: TopicPartition) -> int:
-        return 0
+        return self.first
+
+    async def first_offset(self, tp: TopicPartition) -> int:
+        return self.first
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
-        self._next = offset
+        self._next = max(offset, self.first)
 
     async def lag(self) -> dict[TopicPartition, int]:
         return {self.tp: len(self.values) - self._next}

@@ -104,6 +104,11 @@ class StateConfig(_Section):
     snapshot_every_events: Annotated[int, Field(ge=1)] = 100_000
     snapshot_every_seconds: Annotated[float, Field(gt=0)] = 60.0
     keep: Annotated[int, Field(ge=1)] = 3
+    on_history_gap: Literal["flag", "fail"] = Field(
+        default="flag",
+        description="a rule's history lacks records retention deleted: flag its alerts "
+        "(history_complete = false) or stop the daemon",
+    )
 
 
 class ShutdownConfig(_Section):

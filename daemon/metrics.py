@@ -140,6 +140,20 @@ class Metrics:
             "Exactly-once outputs waiting for the commit of their record (a job holds it).",
             registry=r,
         )
+        self.history_gaps = Counter(
+            "vigil_history_gaps",
+            "Partitions found lacking records retention deleted before a snapshot covered "
+            "them, by rule (rule '': records deleted before they were answered).",
+            ["rule"],
+            registry=r,
+        )
+        self.history_complete = Gauge(
+            "vigil_history_complete",
+            "1 while a stateful rule's history of a partition is complete, 0 once it lacks "
+            "records (its alerts then carry history_complete = false).",
+            ["rule", "topic", "partition"],
+            registry=r,
+        )
 
     def start(self, rules: Mapping[str, str], pools: Mapping[str, Iterable[str]]) -> None:
         """Create, at 0, every counter series whose labels are known at start-up: ``rules``
@@ -152,7 +166,9 @@ class Metrics:
             self.snapshots.labels(outcome)
         for outcome in UNROUTED_OUTCOMES:
             self.events.labels("", outcome)
+        self.history_gaps.labels("")
         for rule, kind in rules.items():
+            self.history_gaps.labels(rule)
             outcomes = RULE_OUTCOMES.get(kind, DECISION_OUTCOMES)
             for outcome in outcomes:
                 self.events.labels(rule, outcome)
@@ -175,6 +191,7 @@ class Metrics:
         _remove(self.consumer_lag, labels)
         for rule in rules:
             _remove(self.history_size, (rule, *labels))
+            _remove(self.history_complete, (rule, *labels))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -32,10 +32,14 @@ from vigil.connectors.events import (
 from vigil.daemon.adapters import Answer, Rule, RuleResult
 from vigil.daemon.checkpoint import Checkpoint
 from vigil.daemon.metrics import Metrics
-from vigil.daemon.state import SnapshotStore, restore_partition
+from vigil.daemon.state import Restored, SnapshotStore, restore_partition
 
 log = structlog.get_logger("vigil.pipeline")
 _IDLE_POLL_SECONDS = 0.01
+
+
+class HistoryGap(ValueError):
+    """A rule's history lacks records retention deleted, and the config says to stop."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class PipelineSettings:
     fetch_timeout_ms: int = 200
     snapshot_every_events: int = 100_000
     snapshot_every_seconds: float = 60.0
+    fail_on_history_gap: bool = False
 
 
 class Pipeline:
@@ -72,6 +77,7 @@ class Pipeline:
         self._writes: dict[tuple[str, TopicPartition], asyncio.Task] = {}  # newest per key
         self.checkpoint = Checkpoint(source, sink, metrics)
         self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
+        self.fatal: Exception | None = None  # raised by the loop (found in a callback)
 
     def _rules_for(self, topic: str) -> list[Rule]:
         return [r for r in self.rules if topic in r.topics]
@@ -87,8 +93,13 @@ class Pipeline:
     async def _recover(self, tp: TopicPartition) -> None:
         rules = self._rules_for(tp[0])
         restored = await restore_partition(tp, rules, self.source, self.store, self.metrics)
+        self._report_gaps(tp, restored)
         for rule in rules:
             self._apply_from[(rule.name, tp)] = restored.apply_from[rule.name]
+            if rule.stateful:
+                complete = rule.name not in restored.incomplete
+                rule.mark_history(tp, complete)
+                self.metrics.history_complete.labels(rule.name, tp[0], str(tp[1])).set(complete)
         self._emit_from[tp] = restored.emit_from
         self.checkpoint.assign(tp, restored.committed)
         self._next[tp] = restored.replay_from
@@ -102,6 +113,29 @@ class Pipeline:
             committed=restored.committed,
             replay_from=restored.replay_from,
         )
+
+    def _report_gaps(self, tp: TopicPartition, restored: Restored) -> None:
+        """Records retention deleted before they were covered: never silent. Each is logged
+        as an error and counted; with ``fail_on_history_gap`` the loop stops on it."""
+        found = [(rule, *missing) for rule, missing in restored.gaps.items()]
+        if restored.unanswered:
+            found.append(("", *restored.unanswered))
+        for rule, start, end in found:
+            log.error(
+                "history_gap",
+                rule=rule or None,
+                topic=tp[0],
+                partition=tp[1],
+                missing_from=start,
+                missing_to=end,
+                unanswered=not rule,
+            )
+            self.metrics.history_gaps.labels(rule).inc()
+        if found and self.settings.fail_on_history_gap and self.fatal is None:
+            self.fatal = HistoryGap(
+                f"{tp[0]}[{tp[1]}]: offsets {found[0][1]}..{found[0][2] - 1} were deleted by "
+                'retention before a snapshot covered them ([state] on_history_gap = "fail")'
+            )
 
     async def on_revoke(self, tps: list[TopicPartition]) -> None:
         async with self._lock:
@@ -132,6 +166,8 @@ class Pipeline:
         """Process batches until ``stop`` is set (or, with ``until_idle``, the source has
         nothing more to give)."""
         while not stop.is_set():
+            if self.fatal is not None:
+                raise self.fatal
             if self._saturated():  # backpressure: let offloaded jobs finish before fetching
                 await self._wait_for_space()
                 await self.deliver_completed()

@@ -95,6 +95,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         fetch_timeout_ms=timeout,
         snapshot_every_events=config.state.snapshot_every_events,
         snapshot_every_seconds=config.state.snapshot_every_seconds,
+        fail_on_history_gap=config.state.on_history_gap == "fail",
     )
     store = SnapshotStore(config.state.dir, config.state.keep)
     return Pipeline(rules, source, sink, store, metrics, settings)

@@ -1,10 +1,14 @@
-"""A HiGHS model that never writes to stdout.
+"""HiGHS models that never write to stdout and all run on one thread.
 
 highspy prints a version and copyright banner from C++ straight to file descriptor 1 the
 first time a ``Highs`` object is made in a process, before ``output_flag`` can be switched
 off. The CLI commands print JSON lines on stdout, so that banner would corrupt them. The
 first construction therefore runs with fd 1 pointed at the null device; later ones print
 nothing and are made directly.
+
+HiGHS keeps one thread scheduler per process, made by the first solve; a later model whose
+``threads`` option differs fails every solve (model status "Not Set"). An offload worker runs
+KNN, counterfactual and batch jobs one after another, so every model here uses one thread.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def _first_quietly() -> highspy.Highs:
 
 
 def quiet_highs() -> highspy.Highs:
-    """A new ``highspy.Highs`` with ``output_flag`` off, having printed nothing."""
+    """A new ``highspy.Highs`` with ``output_flag`` off and one thread, having printed
+    nothing."""
     global _banner_shown
     if _banner_shown:
         h = highspy.Highs()
@@ -63,4 +68,5 @@ def quiet_highs() -> highspy.Highs:
                 h = _first_quietly()
                 _banner_shown = True
     h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
     return h

@@ -5,6 +5,7 @@ from __future__ import annotations
 import highspy
 import numpy as np
 
+from vigil.rules.highs import quiet_highs
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.sets import InputSet, OutputSpec
 
@@ -24,8 +25,7 @@ def max_violation(network: Network, inputs: InputSet, spec: OutputSpec) -> tuple
     bounds = _interval_bounds(network, inputs.lower, inputs.upper)
     best, arg = -np.inf, None
     for c, d in zip(spec.C, spec.d, strict=True):
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = quiet_highs()
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 1e-9)
         xs = [

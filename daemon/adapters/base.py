@@ -127,6 +127,11 @@ class Rule:
         """Wait for this rule's offloaded work (shutdown)."""
         return None
 
+    def mark_history(self, tp: TopicPartition, complete: bool) -> None:
+        """Whether this rule's state of ``tp`` holds every record it should (a stateful
+        rule's history may lack records retention deleted; see daemon/state/recovery.py)."""
+        return None
+
     def offload_jobs(self) -> dict[str, set[str]]:
         """The job kinds this rule submits, by offload pool name (for the metrics)."""
         return {}

@@ -40,6 +40,7 @@ class IorRule(Rule):
         self.alerts_topic = context.alerts_topic if context else RuleContext.alerts_topic
         self.backend = config.backend
         self.monitors: dict[TopicPartition, Monitor] = {}
+        self.incomplete: set[TopicPartition] = set()  # histories that lack records
         self.embedding: OnnxEmbedding | None = None
         self.embedding_dim = 0
         if config.embedding_onnx is not None:
@@ -102,6 +103,7 @@ class IorRule(Rule):
                 _json_output,
                 rows=emit,
                 max_witnesses=self.config.max_witnesses,
+                history_complete=tp not in self.incomplete,
             )
             for i, alert in alerts:
                 message = OutMessage(self.alerts_topic, alert["model"].encode(), encode(alert))
@@ -189,7 +191,14 @@ class IorRule(Rule):
         monitor.use_backend(*parse_backend(self.config.backend))
         self.monitors[tp] = monitor
 
+    def mark_history(self, tp: TopicPartition, complete: bool) -> None:
+        if complete:
+            self.incomplete.discard(tp)
+        else:
+            self.incomplete.add(tp)
+
     def drop(self, tp: TopicPartition) -> None:
+        self.incomplete.discard(tp)
         self.monitors.pop(tp, None)
 
 
@@ -288,6 +297,7 @@ def witness_alerts(
     output_value: Callable[[Any], Any],
     rows: Iterable[int] | None = None,
     max_witnesses: int | None = None,
+    history_complete: bool = True,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """One alert per flagged decision of the batch (restricted to ``rows`` if given), with
     the decision's row in the batch.
@@ -295,7 +305,9 @@ def witness_alerts(
     ``context(i)`` gives the batch's i-th decision's model and its source coordinates
     (topic/partition/offset or file/row); ``output_value`` turns a stored output into JSON.
     A witness set larger than ``max_witnesses`` keeps its nearest members (in history
-    order) and says so, so that an alert always fits a Kafka message.
+    order) and says so, so that an alert always fits a Kafka message. ``history_complete``
+    false says the history lacks records (deleted by retention): witnesses among them are
+    missing from the set.
     """
     spec = monitor.spec
     detected_at = now_iso()
@@ -332,6 +344,7 @@ def witness_alerts(
             **extra,
             "source": source,
             "detected_at": detected_at,
+            "history_complete": history_complete,
         }
         if len(index) < total:
             alert.update(witness_count=total, witnesses_truncated=True)

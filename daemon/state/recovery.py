@@ -8,7 +8,7 @@ offset only rebuild state, records from it on are answered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -24,12 +24,18 @@ log = structlog.get_logger("vigil.recovery")
 class Restored:
     """Where one partition resumes: its committed offset (None for a new group), the first
     offset to answer (``emit_from``), the first to read (``replay_from``) and, per rule, the
-    first record its state still lacks."""
+    first record its state still lacks. ``gaps`` are the rules whose state has just been
+    found to lack records retention deleted, with the offsets missing; ``incomplete`` the
+    rules whose state lacks records, newly or since an earlier gap."""
 
     committed: int | None
     emit_from: int
     replay_from: int
     apply_from: dict[str, int]
+    gaps: dict[str, tuple[int, int]] = field(default_factory=dict)
+    incomplete: frozenset[str] = frozenset()
+    unanswered: tuple[int, int] | None = None
+    """Committed-to-be-read records deleted before they were read: never answered."""
 
 
 async def restore_partition(
@@ -41,15 +47,22 @@ async def restore_partition(
 ) -> Restored:
     """Restore ``rules``' state of ``tp`` and say where to resume. A partition with no
     committed offset starts where the source's reset policy says (its first record, or its
-    end for ``latest``)."""
+    end for ``latest``), with no snapshot past that point and a history that begins there.
+
+    A rule whose state would resume before the partition's first retained record (a host
+    with no snapshot, after retention deleted the head) cannot rebuild what it lacks: the
+    gap is recorded in the store, so the state stays marked incomplete from then on."""
     committed = await source.committed(tp)
     position = committed if committed is not None else await source.start_offset(tp)
+    first = await source.first_offset(tp)
     apply_from: dict[str, int] = {}
+    gaps: dict[str, tuple[int, int]] = {}
+    incomplete = set()
     for rule in rules:
         if not rule.stateful:
-            apply_from[rule.name] = position
+            apply_from[rule.name] = max(position, first)
             continue
-        snapshot, skipped = store.load(rule.name, tp, at_most=committed)
+        snapshot, skipped = store.load(rule.name, tp, at_most=position)
         if skipped:
             metrics.snapshots.labels("skipped_corrupt").inc(skipped)
         applied = None
@@ -64,10 +77,21 @@ async def restore_partition(
                 metrics.snapshots.labels("loaded").inc()
         if applied is None:
             applied = store.origin(rule.name, tp)
-            # a new group starting later, or offsets reset back before the origin
-            if applied > position or (committed is None and applied < position):
+            # a new group, or offsets reset back before the origin: a history from here
+            if committed is None or applied > position:
                 store.mark_origin(rule.name, tp, position)
+                store.clear_gap(rule.name, tp)
                 applied = position
+        if applied < first:
+            gaps[rule.name] = (applied, first)
+            store.mark_gap(rule.name, tp, first)
+            applied = first
+        if store.gap(rule.name, tp) is not None:
+            incomplete.add(rule.name)
         apply_from[rule.name] = applied
-    replay_from = min([position, *apply_from.values()])
-    return Restored(committed, position, replay_from, apply_from)
+    emit_from = max(position, first)
+    replay_from = min([emit_from, *apply_from.values()])
+    unanswered = (position, first) if position < first else None
+    return Restored(
+        committed, emit_from, replay_from, apply_from, gaps, frozenset(incomplete), unanswered
+    )

@@ -22,6 +22,7 @@ log = structlog.get_logger("vigil.state")
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _ORIGIN = "origin.json"
+_GAP = "gap.json"
 
 
 @dataclass(frozen=True)
@@ -81,20 +82,38 @@ class SnapshotStore:
     def origin(self, rule: str, tp: TopicPartition) -> int:
         """Where ``rule``'s state of ``tp`` begins when no snapshot holds it: 0, or the
         offset recorded by ``mark_origin``."""
-        path = self._dir(rule, tp) / _ORIGIN
-        try:
-            return int(orjson.loads(path.read_bytes())["offset"])
-        except FileNotFoundError:
-            return 0
-        except (OSError, ValueError, KeyError, TypeError):
-            log.warning("origin_corrupt_ignored", path=str(path))
-            return 0
+        offset = self._marker(rule, tp, _ORIGIN, corrupt=0)
+        return 0 if offset is None else offset
 
     def mark_origin(self, rule: str, tp: TopicPartition, offset: int) -> None:
         """Record that ``rule``'s state of ``tp`` begins at ``offset`` (a group that started
         at the end of the partition), so a restart before the first snapshot replays from
         there rather than from the partition's first record."""
         atomic_write(self._dir(rule, tp) / _ORIGIN, orjson.dumps({"offset": offset}))
+
+    def gap(self, rule: str, tp: TopicPartition) -> int | None:
+        """The offset after the records ``rule``'s state of ``tp`` lacks, or None when its
+        history is complete (an unreadable marker counts as a gap from 0)."""
+        return self._marker(rule, tp, _GAP, corrupt=0)
+
+    def mark_gap(self, rule: str, tp: TopicPartition, offset: int) -> None:
+        """Record that ``rule``'s state of ``tp`` lacks records before ``offset`` that its
+        group had read (retention deleted them before a snapshot covered them). It stays
+        so, through snapshots and restarts, until the state is rebuilt (``clear_gap``)."""
+        atomic_write(self._dir(rule, tp) / _GAP, orjson.dumps({"offset": offset}))
+
+    def clear_gap(self, rule: str, tp: TopicPartition) -> None:
+        (self._dir(rule, tp) / _GAP).unlink(missing_ok=True)
+
+    def _marker(self, rule: str, tp: TopicPartition, name: str, corrupt: int) -> int | None:
+        path = self._dir(rule, tp) / name
+        try:
+            return int(orjson.loads(path.read_bytes())["offset"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("marker_corrupt", path=str(path), taken_as=corrupt)
+            return corrupt
 
 
 def _read(path: Path) -> Snapshot | None:

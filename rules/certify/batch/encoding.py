@@ -92,7 +92,6 @@ class ReluModel:
     def __init__(self, solver: Solver, budget: float | None = None) -> None:
         """``budget`` (seconds) caps the model's whole life."""
         self.h = quiet_highs()
-        self.h.setOptionValue("threads", 1)
         self.solver = solver
         self.deadline = None if budget is None else time.perf_counter() + budget
         self.ncols = 0
