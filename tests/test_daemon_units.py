@@ -938,3 +938,28 @@ def test_the_default_transactional_id_differs_between_hosts_and_not_between_rest
     assert kafka.instance_transactional_id("a") != kafka.instance_transactional_id("b")
     fixed = kafka.model_copy(update={"transactional_id": "mine"})
     assert fixed.instance_transactional_id("a") == fixed.instance_transactional_id("b") == "mine"
+
+
+def test_a_new_group_never_restores_a_snapshot_past_where_it_starts(tmp_path):
+    """A broker reset (or a new group id) with the old state dir kept: the old snapshots are
+    ahead of where the new group starts, and using them would skip every record."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    store = SnapshotStore(tmp_path)
+
+    async def run(values, sink):
+        pipeline, source, _ = _pipeline(values, store, sink)
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        await pipeline.snapshot_all()
+
+    asyncio.run(run(_decisions(x, y), MemorySink()))
+    assert store.load("r", ("t", 0))[0].offset == 300
+    x2, y2 = x[::-1].copy(), y[::-1].copy()  # another stream in the new cluster
+    sink = MemorySink()
+    asyncio.run(run(_decisions(x2, y2), sink))
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
+    truth = witness_sets(x2, y2, 0.25)
+    expected = {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
