@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import platform
 from collections.abc import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from vigil import __version__
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -41,6 +52,14 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, _cpu_seconds, _open_fds
+        PlatformCollector(registry=r)
+        Gauge(
+            "vigil_build_info",
+            "Always 1; the running Vigil's version and Python in its labels.",
+            ["version", "python"],
+            registry=r,
+        ).labels(__version__, platform.python_version()).set(1)
         self.events = Counter(
             "vigil_events",
             "Decision events by rule and outcome "

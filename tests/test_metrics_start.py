@@ -78,7 +78,10 @@ def test_start_creates_the_known_counter_series_at_zero():
     assert jobs == {(pool, kind) for pool, kinds in POOLS.items() for kind in kinds}
 
     # counters only carry values; nothing was counted
-    assert all(v == 0 for (name, _), v in s.items() if name.endswith("_total"))
+    counted = [
+        v for (name, _), v in s.items() if name.startswith("vigil_") and name.endswith("_total")
+    ]
+    assert counted and all(v == 0 for v in counted)
 
 
 def test_start_keeps_counts_and_can_run_twice():
@@ -148,3 +151,19 @@ def test_build_pipeline_starts_the_metrics(tmp_path):
     for pool in ("default", "verify"):
         assert _zero(s, "vigil_offload_worker_restarts_total", pool=pool, reason="worker_died")
     assert _zero(s, "vigil_snapshots_total", outcome="skipped_corrupt")
+
+
+def test_process_metrics_and_build_info_are_exported():
+    import platform
+
+    import vigil
+
+    s = _samples(Metrics())
+    build = frozenset({"version": vigil.__version__, "python": platform.python_version()}.items())
+    assert s[("vigil_build_info", build)] == 1
+    names = {name for name, _ in s}
+    assert {
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+    } <= names
