@@ -176,6 +176,8 @@ class Pipeline:
             records = await self.source.fetch(
                 self.settings.max_batch, self.settings.fetch_timeout_ms
             )
+            if self.fatal is not None:  # found by an assignment during the fetch
+                raise self.fatal
             if records:
                 await self.process(records, fetched_at)
             elif not any(r.in_flight() for r in self.rules):
