@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+from pyarrow import csv as pacsv
 
 
 class StreamFormatError(ValueError):
@@ -75,29 +77,131 @@ def read_csv_stream(
 ) -> tuple[CsvLayout, Iterator[CsvBatch]]:
     """Parse the header now (so column errors surface first) and the rows lazily, in
     batches. Decision values stay strings when there is one decision column (labels) and
-    become float vectors when there are several (probabilities)."""
-    f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed by the generator
-    reader = csv.reader(f)
+    become float vectors when there are several (probabilities).
+
+    Rows are read column by column (pyarrow's CSV reader); from the first block it refuses
+    or whose values are not all finite, the rows are read one by one instead, which names
+    the bad line and column (or accepts what only the columnar reader refused)."""
+    header = _header(path)
+    layout = CsvLayout.from_header(header, decision_columns, drop_columns, id_column)
+    return layout, _columnar(Path(path), layout, header, batch_size)
+
+
+def _header(path: str | Path) -> list[str]:
     try:
-        header = next(reader)
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            return next(csv.reader(f))
     except StopIteration:
-        f.close()
         raise StreamFormatError(f"{path}: the file is empty (expected a header row)") from None
     except UnicodeDecodeError:
-        f.close()
         raise StreamFormatError(f"{path}: not UTF-8 text") from None
+
+
+def _columnar(path: Path, layout: CsvLayout, header, batch_size) -> Iterator[CsvBatch]:
+    names = [f"c{i}" for i in range(len(header))]
+    labels = len(layout.decision_index) == 1
+    types = {names[c]: pa.float64() for c in layout.feature_index}
+    for c in layout.decision_index:
+        types[names[c]] = pa.string() if labels else pa.float64()
+    if layout.id_index is not None:
+        types[names[layout.id_index]] = pa.string()
+    done = 0
     try:
-        layout = CsvLayout.from_header(header, decision_columns, drop_columns, id_column)
-    except StreamFormatError:
+        reader = pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(
+                skip_rows=1, column_names=names, block_size=max(1 << 20, 64 * batch_size)
+            ),
+            parse_options=pacsv.ParseOptions(ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types,
+                include_columns=list(types),
+                null_values=[],
+                strings_can_be_null=False,
+            ),
+        )
+        pending: CsvBatch | None = None  # rows read, not yet a whole batch
+        for block in reader:
+            batch = _from_block(block, done + _length(pending), layout, names, labels)
+            if batch is None:
+                break
+            pending = batch if pending is None else _join(pending, batch)
+            while _length(pending) >= batch_size:
+                head, pending = _split(pending, batch_size)
+                done += batch_size
+                yield head
+        else:
+            if _length(pending):
+                yield pending
+            return
+    except pa.ArrowInvalid:
+        pass
+    yield from _rowwise(path, layout, header, batch_size, skip=done)
+
+
+def _length(batch: CsvBatch | None) -> int:
+    return 0 if batch is None else len(batch.rows)
+
+
+def _join(a: CsvBatch, b: CsvBatch) -> CsvBatch:
+    if isinstance(a.decisions, list):
+        decisions = a.decisions + b.decisions
+    else:
+        decisions = np.concatenate([a.decisions, b.decisions])
+    ids = None if a.ids is None else a.ids + b.ids
+    return CsvBatch(np.concatenate([a.rows, b.rows]), np.concatenate([a.x, b.x]), decisions, ids)
+
+
+def _split(batch: CsvBatch, n: int) -> tuple[CsvBatch, CsvBatch]:
+    """The first ``n`` rows (so batches are ``batch_size`` long, as history limits expect)."""
+
+    def part(s: slice) -> CsvBatch:
+        ids = None if batch.ids is None else batch.ids[s]
+        return CsvBatch(batch.rows[s], batch.x[s], batch.decisions[s], ids)
+
+    return part(slice(0, n)), part(slice(n, None))
+
+
+def _from_block(block, first_row, layout, names, labels) -> CsvBatch | None:
+    """A block as a batch, or None if some value needs the row-by-row reader's verdict."""
+    x = np.column_stack(
+        [block.column(names[c]).to_numpy(zero_copy_only=False) for c in layout.feature_index]
+    ).astype(np.float64, copy=False)
+    if not np.isfinite(x).all():
+        return None
+    if labels:
+        decisions = [d.strip() for d in block.column(names[layout.decision_index[0]]).to_pylist()]
+        if not all(decisions):
+            return None
+    else:
+        decisions = np.column_stack(
+            [block.column(names[c]).to_numpy(zero_copy_only=False) for c in layout.decision_index]
+        )
+        if not np.isfinite(decisions).all():
+            return None
+    ids = None
+    if layout.id_index is not None:
+        ids = block.column(names[layout.id_index]).to_pylist()
+    return CsvBatch(np.arange(first_row, first_row + len(x)), x, decisions, ids)
+
+
+def _rowwise(path: Path, layout, header, batch_size, skip: int) -> Iterator[CsvBatch]:
+    """The rows after the first ``skip`` data rows, read one by one (csv module)."""
+    f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed by _batches
+    reader = csv.reader(f)
+    try:
+        next(reader)
+        for _ in range(skip):
+            next(reader)
+    except (StopIteration, UnicodeDecodeError):
         f.close()
-        raise
-    return layout, _batches(f, reader, len(header), layout, header, batch_size)
+        raise StreamFormatError(f"{path}: changed while it was read") from None
+    yield from _batches(f, reader, len(header), layout, header, batch_size, skip)
 
 
-def _batches(f, reader, width, layout, header, batch_size) -> Iterator[CsvBatch]:
+def _batches(f, reader, width, layout, header, batch_size, first_row) -> Iterator[CsvBatch]:
     with f:
         rows: list[list[str]] = []
-        first_row = 0
         for row in _rows(reader):
             if not row:
                 raise StreamFormatError(f"line {reader.line_num}: empty line")

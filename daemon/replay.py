@@ -112,7 +112,7 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
     labels = LabelCodes()
     output_value = labels.decode if spec.output is OutputKind.LABEL else _vector
     flagged = pairs = decisions = above = 0
-    max_ratio = 0.0
+    max_ratio = check_seconds = parse_seconds = 0.0
     sink = open(opts.alerts_out, "wb") if opts.alerts_out else nullcontext()  # noqa: SIM115
     bar = tqdm(
         desc="replay",
@@ -123,14 +123,21 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
         mininterval=0.5,
     )
     with sink as out, bar:
-        for batch in batches:
+        while True:
+            reading = time.perf_counter()
+            batch = next(batches, None)
+            parse_seconds += time.perf_counter() - reading
+            if batch is None:
+                break
             y = (
                 labels.encode(batch.decisions)
                 if spec.output is OutputKind.LABEL
                 else batch.decisions
             )
             ids = batch.ids if batch.ids is not None else batch.rows.tolist()
+            checking = time.perf_counter()
             w = monitor.check_batch(batch.x, y, ids)
+            check_seconds += time.perf_counter() - checking
             decisions += len(w)
             flagged += len(w.flagged)
             pairs += w.pairs
@@ -148,11 +155,14 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
 
                 for _, alert in witness_alerts("replay", monitor, w, context, output_value, rows):
                     out.write(orjson.dumps(alert) + b"\n")
+    seconds = time.perf_counter() - started
     summary = {
         "decisions": decisions,
         "flagged": flagged,
         "witness_pairs": pairs,
-        "seconds": round(time.perf_counter() - started, 4),
+        "seconds": round(seconds, 4),
+        "parse_seconds": round(parse_seconds, 4),
+        "check_seconds": round(check_seconds, 4),
         "backend": opts.backend,
     }
     if quantitative:

@@ -71,7 +71,16 @@ def test_replay_alerts_equal_the_oracle_on_the_bundled_stream(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     summary = orjson.loads(result.stdout.strip().splitlines()[-1])
-    assert set(summary) == {"decisions", "flagged", "witness_pairs", "seconds", "backend"}
+    assert set(summary) == {
+        "decisions",
+        "flagged",
+        "witness_pairs",
+        "seconds",
+        "parse_seconds",
+        "check_seconds",
+        "backend",
+    }
+    assert 0 < summary["parse_seconds"] + summary["check_seconds"] <= summary["seconds"]
 
     x, y = load_stream(DEMO)
     truth = witness_sets(x, y, 0.04)
