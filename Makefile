@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
 
-.PHONY: demo test lint format bench kafka-start kafka-stop clean
+.PHONY: demo test docs-check lint format bench kafka-start kafka-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
 	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q
+
+## docs-check: run every command the docs show (README, docs/operations.md, ops/README.md)
+docs-check: $(STAMP)
+	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
+	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
+	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q -rA tests/test_docs_commands.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
