@@ -11,11 +11,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
+from ior_bench import timed
 from streams import CERTIFAIR_ZIP
 
 import vigil.daemon.replay as replay_module
@@ -29,15 +29,6 @@ def consume(batches) -> tuple[np.ndarray, list]:
         xs.append(b.x)
         decisions += list(b.decisions)
     return np.concatenate(xs), decisions
-
-
-def median_seconds(fn, repeats: int):
-    times, result = [], None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result
 
 
 def main() -> int:
@@ -63,8 +54,8 @@ def main() -> int:
         def columnar():
             return consume(read_csv_stream(path, decision, drop, batch_size=4096)[1])
 
-        before, (x0, d0) = median_seconds(rowwise, args.repeats)
-        after, (x1, d1) = median_seconds(columnar, args.repeats)
+        before, (x0, d0) = timed(rowwise, args.repeats)
+        after, (x1, d1) = timed(columnar, args.repeats)
         same = np.array_equal(x0, x1) and d0 == d1
         print(
             f"{args.stream}: {len(x0)} decisions x {x0.shape[1]} features, medians of "
