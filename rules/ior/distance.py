@@ -1,11 +1,17 @@
 """The exact distances every backend's verdict is decided by.
 
 Backends may find candidates any way they like (float32 SIMD, trees, grids) but a pair
-is a witness only if these float64 formulas say so, which makes all backends agree bit for
-bit and makes the ball closed: ``d_in <= eps``.
+is a witness only if these formulas say so, which makes all backends agree bit for bit and
+makes the ball closed: ``d_in <= eps``. A float64 distance decides every pair except those
+within rounding of eps; those are decided on the values as written (each float's shortest
+decimal form, which is what a CSV or JSON number with up to 15 significant digits reads
+back as), exactly, so a pair whose written inputs are exactly eps apart is a witness and one
+a hair above is not.
 """
 
 from __future__ import annotations
+
+from decimal import Decimal, localcontext
 
 import numpy as np
 
@@ -20,6 +26,37 @@ def input_distance(a: np.ndarray, b: np.ndarray, metric: InputMetric) -> np.ndar
     if metric is InputMetric.L1:
         return diff.sum(axis=1)
     return np.sqrt(np.einsum("ij,ij->i", diff, diff))
+
+
+def tie_tolerance(eps: float, max_abs: float, dim: int) -> float:
+    """How far a float64 input distance can be from the distance of the written values
+    (each value within half an ulp of its decimal form, plus the formula's own rounding)."""
+    u = float(np.finfo(np.float64).eps)
+    return 4 * (dim + 1) * u * (max_abs + eps) + 1e-300
+
+
+def written_distance(
+    a: np.ndarray, b: np.ndarray, eps: float, metric: InputMetric
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise, whether the rows' written values are within ``eps`` (itself as written),
+    decided in exact decimal arithmetic, and that distance (rounded to float64)."""
+    bound = Decimal(repr(float(eps)))
+    within = np.empty(len(a), dtype=bool)
+    distance = np.empty(len(a))
+    with localcontext() as exact:
+        exact.prec = 100  # products and sums of <= 17-digit decimals stay exact
+        for k, (p, q) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+            diffs = [abs(Decimal(repr(s)) - Decimal(repr(t))) for s, t in zip(p, q, strict=True)]
+            if metric is InputMetric.LINF:
+                d = max(diffs, default=Decimal(0))
+                within[k], distance[k] = d <= bound, float(d)
+            elif metric is InputMetric.L1:
+                d = sum(diffs, Decimal(0))
+                within[k], distance[k] = d <= bound, float(d)
+            else:
+                squares = sum((d * d for d in diffs), Decimal(0))
+                within[k], distance[k] = squares <= bound * bound, float(squares.sqrt())
+    return within, distance
 
 
 def output_distance(a: np.ndarray, b: np.ndarray, metric: OutputMetric) -> np.ndarray:

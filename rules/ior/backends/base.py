@@ -11,7 +11,13 @@ from typing import Any, ClassVar
 import faiss
 import numpy as np
 
-from vigil.rules.ior.distance import float32_search_radius, input_distance, output_distance
+from vigil.rules.ior.distance import (
+    float32_search_radius,
+    input_distance,
+    output_distance,
+    tie_tolerance,
+    written_distance,
+)
 from vigil.rules.ior.history import History
 from vigil.rules.ior.spec import InputMetric, MonitorSpec, OutputKind
 
@@ -155,13 +161,20 @@ def verify(
     ``d_out > min_out`` (for labels ``d_out`` is 1 for different labels, else 0)."""
     spec = history.spec
     eps = spec.eps if eps is None else eps
+    dim = history.x.shape[1]
+    tolerance = tie_tolerance(eps, history.max_abs, dim)
     parts: list[tuple[np.ndarray, ...]] = []
-    step = max(1, _VERIFY_BLOCK // max(1, history.x.shape[1]))
+    step = max(1, _VERIFY_BLOCK // max(1, dim))
     for lo in range(0, len(q), step):
         qq, jj = q[lo : lo + step], j[lo : lo + step]
         d = input_distance(history.x[qq], history.x[jj], spec.metric)
+        within = d <= eps
+        near = np.flatnonzero(np.abs(d - eps) <= tolerance)
+        if len(near):  # within rounding of eps: the written values decide
+            a, b = history.x[qq[near]], history.x[jj[near]]
+            within[near], d[near] = written_distance(a, b, eps, spec.metric)
         out = _output_distance(history, qq, jj)
-        ok = (d <= eps) & (jj < qq) & (out > min_out)
+        ok = within & (jj < qq) & (out > min_out)
         parts.append((qq[ok], jj[ok], d[ok], out[ok]))
     if not parts:
         empty = np.empty(0, dtype=np.int64)
