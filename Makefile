@@ -26,11 +26,11 @@ test: $(STAMP)
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
 	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q
 
-## docs-check: run every command the docs show (README, docs/operations.md, ops/README.md)
+## docs-check: run every command the docs show (README, docs/operations.md, ops/README.md) and print what ran
 docs-check: $(STAMP)
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
-	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q -rA tests/test_docs_commands.py
+	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q -s tests/test_docs_commands.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
