@@ -11,7 +11,7 @@ export KAFKA_PORT
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,dask]'
 	touch $(STAMP)
 
 ## demo: run the daemon pipeline on the bundled COMPAS stream (files, no broker), print the alert summary

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
+from vigil.daemon.offload import INSTALL_DASK, scheduler_address
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.reach.online import Accelerations
 
@@ -81,9 +91,22 @@ class OutputsConfig(_Section):
 
 
 class OffloadConfig(_Section):
-    """The worker-process pool for certifications."""
+    """The worker pool for certifications: local worker processes, or a Dask cluster's
+    workers. Reach rules always keep their own local process (its verifier's state lives
+    there between steps), whatever the engine."""
 
-    workers: Annotated[int, Field(ge=1)] = 2
+    engine: Literal["processes", "dask"] = Field(
+        default="processes",
+        description="where certify and cfx jobs run: local worker processes or a Dask cluster",
+    )
+    scheduler: str | None = Field(
+        default=None,
+        validate_default=True,
+        description='the Dask scheduler, tcp://HOST:PORT (required with engine = "dask")',
+    )
+    workers: Annotated[int, Field(ge=1)] = Field(
+        default=2, description="worker processes, or with dask the jobs on the cluster at once"
+    )
     max_pending: Annotated[int, Field(ge=1)] = Field(
         default=64, description="jobs in flight before fetching pauses (backpressure)"
     )
@@ -91,6 +114,23 @@ class OffloadConfig(_Section):
     nice: Annotated[int, Field(ge=0, le=19)] = Field(
         default=10, description="workers run this much below the daemon's CPU priority"
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _dask_installed(cls, value: str) -> str:
+        if value == "dask" and importlib.util.find_spec("distributed") is None:
+            raise ValueError(f"Dask distributed is not installed; {INSTALL_DASK}")
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler_with_dask(cls, value: str | None, info: ValidationInfo) -> str | None:
+        engine = info.data.get("engine")
+        if engine == "dask" and value is None:
+            raise ValueError('required with engine = "dask" (the scheduler, tcp://HOST:PORT)')
+        if engine == "processes" and value is not None:
+            raise ValueError('only used with engine = "dask"')
+        return None if value is None else scheduler_address(value)
 
 
 class MetricsConfig(_Section):
@@ -297,6 +337,12 @@ class Config(_Section):
                     f"rule {r.name!r} reads a certify rule's requests topic; requests need a "
                     "topic of their own (their commits wait for results)"
                 )
+        if self.offload.engine == "dask" and not {r.kind for r in self.rules} & {"certify", "cfx"}:
+            raise ValueError(
+                'offload.engine = "dask" runs certify and cfx jobs, and no such rule is '
+                "configured; reach rules always run in a local process of their own (the "
+                "verifier keeps its state there between steps)"
+            )
         if self.files is not None:
             self._check_files()
         return self

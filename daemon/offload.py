@@ -4,19 +4,26 @@ Jobs are top-level functions over picklable arguments. ``submit`` returns at onc
 ``asyncio`` future, so a batch's jobs run side by side and the consumer does not wait for
 them; the pool bounds how many are in flight (callers check ``saturated`` to stop fetching)
 and gives each a deadline. Workers are one-process executors made by a factory, so a
-distributed ``concurrent.futures.Executor`` can take their place.
+distributed ``concurrent.futures.Executor`` can take their place: a ``DaskCluster`` is such a
+factory, of lanes whose jobs run as tasks on a Dask cluster (``[offload] engine = "dask"``),
+and the CLIs fan their work out over a cluster with ``DaskCluster.fan_out``. Dask
+(``distributed``) is an install extra, imported only when a cluster is used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
+import contextlib
+import functools
 import multiprocessing
 import os
+import re
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,7 +143,7 @@ class OffloadPool:
             )
         except ValueError as e:  # the job's own validation: the request is at fault
             outcome = JobOutcome(status="invalid", error=str(e))
-        except BrokenProcessPool as e:
+        except BrokenExecutor as e:  # a dead worker process, or a Dask worker given up on
             lane = self._replace(lane, "worker_died", kind)
             outcome = JobOutcome(status="error", error=f"worker process died: {e}")
         except Exception as e:  # a bug or resource problem in the job: report, keep going
@@ -168,9 +175,13 @@ class OffloadPool:
 
     def shutdown(self) -> None:
         """Stop every lane; jobs still running are abandoned (their offsets stay uncommitted,
-        so they run again after the restart)."""
+        so they run again after the restart). A lane factory with ``close`` (a Dask cluster's
+        connection) is closed after its lanes."""
         for lane in self._lanes:
             _stop(lane)
+        close = getattr(self.new_executor, "close", None)
+        if close is not None:
+            close()
 
 
 def _stop(executor: Executor) -> None:
@@ -181,3 +192,265 @@ def _stop(executor: Executor) -> None:
     for process in workers.values():
         if process.is_alive():
             process.terminate()
+
+
+# --- Dask: lanes and fan-out on a cluster --------------------------------------------------
+
+_SCHEDULER = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+CONNECT_SECONDS = 20.0
+"""How long connecting to a Dask scheduler may take before the job or command fails."""
+RESTART_SECONDS = 60.0
+"""How long a Dask worker restart (after a timed-out or abandoned job) may take."""
+INSTALL_DASK = "install the extra: pip install 'vigil-daemon[dask]'"
+
+
+def scheduler_address(text: str) -> str:
+    """A Dask scheduler address, ``tcp://HOST:PORT``; ValueError says what is wrong."""
+    match = _SCHEDULER.fullmatch(text.strip())
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise ValueError(f"expected a Dask scheduler address tcp://HOST:PORT, got {text!r}")
+    return text.strip()
+
+
+class WorkerLost(BrokenExecutor):
+    """The Dask worker running a job died (each time the scheduler retried it)."""
+
+
+class ClusterError(RuntimeError):
+    """A fan-out could not finish: the scheduler is unreachable, or a task's workers died."""
+
+
+def _on_worker(fn: Callable[..., Any], *args: Any) -> tuple[Any, str]:
+    """A fan-out task: ``fn(*args)`` and the address of the Dask worker that ran it (raises
+    outside a worker, so a result always proves where it was computed)."""
+    from distributed import get_worker
+
+    return fn(*args), get_worker().address
+
+
+class DaskCluster:
+    """A client of one Dask scheduler, connected on first use.
+
+    Called, it makes a lane for ``OffloadPool`` (``DaskLane``). ``fan_out`` runs a list of
+    chunks as tasks and returns their results in chunk order. Blocking client calls (connect,
+    cancel, restart) run on one helper thread, never on the daemon's event loop.
+    """
+
+    def __init__(self, address: str, connect_seconds: float | None = None) -> None:
+        self.address = scheduler_address(address)
+        self.connect_seconds = CONNECT_SECONDS if connect_seconds is None else connect_seconds
+        self.workers: Counter[str] = Counter()
+        """Fan-out tasks run per worker address."""
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._calls = cf.ThreadPoolExecutor(1, thread_name_prefix="vigil-dask")
+        self._closed = False
+
+    def __call__(self) -> DaskLane:
+        return DaskLane(self)
+
+    def __enter__(self) -> DaskCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def client(self) -> Any:
+        """The ``distributed.Client``, connecting (again, if the last one closed) when needed;
+        ClusterError when the scheduler cannot be reached."""
+        with self._lock:
+            if self._closed:
+                raise ClusterError("the Dask connection is closed")
+            if self._client is None or self._client.status in ("closing", "closed"):
+                try:
+                    from distributed import Client
+                except ImportError:
+                    raise ClusterError(f"Dask is not installed; {INSTALL_DASK}") from None
+                try:
+                    self._client = Client(
+                        self.address, timeout=self.connect_seconds, set_as_default=False
+                    )
+                except (OSError, TimeoutError) as e:
+                    raise ClusterError(
+                        f"cannot reach the Dask scheduler at {self.address}: {e}"
+                    ) from None
+            return self._client
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        """Run a blocking client call on the helper thread."""
+        return self._calls.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` as one task (never merged with an equal one); a Dask future."""
+        return self.client().submit(fn, *args, pure=False)
+
+    def scatter(self, value: Any) -> Any:
+        """Put ``value`` on the cluster once, for tasks that share it; a Dask future."""
+        (future,) = self.client().scatter([value], hash=False)  # a list: one item each
+        return future
+
+    def result(self, future: Any) -> Any:
+        """A task's value; its own exception as raised, ClusterError if its workers died or
+        the cluster dropped it."""
+        from distributed import KilledWorker
+        from distributed.client import FutureCancelledError
+
+        try:
+            return future.result()
+        except KilledWorker as e:
+            raise ClusterError(f"a task's {_killed(e)}") from None
+        except FutureCancelledError as e:
+            raise ClusterError(f"the cluster dropped a task: {e}") from None
+
+    def fan_out(
+        self,
+        fn: Callable[..., Any],
+        chunks: Sequence[tuple],
+        *shared: Any,
+        progress: Callable[[int, Any], None] | None = None,
+    ) -> list[Any]:
+        """``fn(*shared, *chunk)`` for every chunk, each one task on the cluster's workers;
+        the values in chunk order. ``progress(i, value)`` is told of each finished chunk.
+        The first failure cancels the rest and is raised (as ``result`` raises it)."""
+        from distributed import as_completed
+
+        client = self.client()
+        futures = [client.submit(_on_worker, fn, *shared, *chunk, pure=False) for chunk in chunks]
+        position = {f.key: i for i, f in enumerate(futures)}
+        values: list[Any] = [None] * len(futures)
+        try:
+            for future in as_completed(futures, loop=client.loop):
+                value, worker = self.result(future)
+                i = position[future.key]
+                values[i] = value
+                self.workers[worker] += 1
+                if progress is not None:
+                    progress(i, value)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the cluster may be what failed
+                client.cancel(futures)
+            raise
+        return values
+
+    def close(self) -> None:
+        """Close the connection once pending helper calls (cancels, restarts) are done; safe
+        to call more than once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._calls.submit(self._close_client)
+        self._calls.shutdown(wait=False)
+
+    def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close(timeout=self.connect_seconds)
+
+
+class DaskLane(Executor):
+    """One ``OffloadPool`` lane on a Dask cluster: each job is one task there.
+
+    Outcomes match a process lane's: a job's own exception is raised as it was (so a
+    ``ValueError`` stays an ``invalid`` request); a job given up on after its workers died
+    (the scheduler retries a task whose worker dies, ``distributed.scheduler.allowed-failures``
+    times) raises ``WorkerLost``; a task the cluster dropped (a lost scheduler) raises
+    RuntimeError. Stopping the lane (a timeout, the daemon's shutdown) cancels its task and
+    restarts the worker running it (through its nanny), since Dask cannot interrupt a task.
+    """
+
+    def __init__(self, cluster: DaskCluster) -> None:
+        self.cluster = cluster
+        self._tasks: dict[Any, cf.Future] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
+        done: cf.Future = cf.Future()
+        done.set_running_or_notify_cancel()
+        self.cluster.call(self._start, done, fn, args)
+        return done
+
+    def _start(self, done: cf.Future, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise RuntimeError("the lane was stopped before its job started")
+                task = self.cluster.submit(fn, *args)
+                self._tasks[task] = done
+            task.add_done_callback(self._finished)
+        except BaseException as e:
+            _settle(done, exception=e)
+
+    def _finished(self, task: Any) -> None:
+        with self._lock:
+            done = self._tasks.pop(task, None)
+        if done is None or done.done():
+            return
+        status = task.status
+        try:
+            if status == "finished":
+                _settle(done, value=task.result())
+            elif status == "error":
+                _settle(done, exception=_task_error(task.exception()))
+            else:
+                dropped = RuntimeError(
+                    f"the Dask cluster dropped the job ({status}; e.g. the scheduler was lost)"
+                )
+                _settle(done, exception=dropped)
+        except BaseException as e:  # fetching the result failed (e.g. the worker went away)
+            _settle(done, exception=_task_error(e))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._stopped = True
+            tasks = list(self._tasks) if cancel_futures else []
+        if tasks:
+            abandoning = self.cluster.call(_abandon, self.cluster, tasks)
+            if wait:
+                abandoning.result()
+
+
+def _settle(done: cf.Future, value: Any = None, exception: BaseException | None = None) -> None:
+    if done.done():
+        return
+    if exception is None:
+        done.set_result(value)
+    elif isinstance(exception, cf.CancelledError):  # asyncio would read it as a cancellation
+        done.set_exception(RuntimeError(f"the Dask cluster dropped the job: {exception}"))
+    else:
+        done.set_exception(exception)
+
+
+def _task_error(error: BaseException | None) -> BaseException:
+    from distributed import KilledWorker
+
+    if isinstance(error, KilledWorker):
+        return WorkerLost(_killed(error))
+    return error if error is not None else RuntimeError("the job failed without an exception")
+
+
+def _killed(error: Any) -> str:
+    """What a ``KilledWorker`` means, in one line."""
+    last = getattr(error.last_worker, "address", error.last_worker)
+    return (
+        f"Dask workers died running it, {error.allowed_failures + 1} times (the last one "
+        f"{last}); see that worker's log"
+    )
+
+
+def _abandon(cluster: DaskCluster, tasks: list[Any]) -> None:
+    """Cancel ``tasks`` and restart the workers running them: a running task cannot be
+    interrupted, and would hold its worker's thread until it ends on its own."""
+    try:
+        client = cluster.client()
+        keys = {task.key for task in tasks}
+        busy = [w for w, running in client.processing().items() if keys & set(running)]
+        client.cancel(tasks, force=True)
+        if busy:
+            log.warning("offload_dask_worker_restart", workers=busy)
+            client.restart_workers(busy, timeout=RESTART_SECONDS, raise_for_error=False)
+    except Exception:
+        log.exception("offload_dask_abandon_failed", scheduler=cluster.address)

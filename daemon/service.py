@@ -15,7 +15,7 @@ from vigil.daemon.adapters import Rule, RuleContext, build_rule
 from vigil.daemon.config import Config
 from vigil.daemon.http import OpsServer
 from vigil.daemon.metrics import Metrics
-from vigil.daemon.offload import OffloadPool, process_executor
+from vigil.daemon.offload import DaskCluster, OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.state import SnapshotStore
 
@@ -29,6 +29,7 @@ def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
     offload = config.offload
 
     def make_pool(name: str, workers: int, timeout: float) -> OffloadPool:
+        """Local worker processes: reach rules' lanes always, certifications by default."""
         return OffloadPool(
             lambda: process_executor(1, offload.nice),
             workers,
@@ -40,7 +41,17 @@ def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
 
     pool = None
     if any(r.kind in ("certify", "cfx") for r in config.rules):
-        pool = make_pool("default", offload.workers, offload.timeout_seconds)
+        if offload.engine == "dask":  # lanes on the cluster; it is reached at the first job
+            pool = OffloadPool(
+                DaskCluster(offload.scheduler),
+                offload.workers,
+                metrics,
+                offload.max_pending,
+                offload.timeout_seconds,
+                "default",
+            )
+        else:
+            pool = make_pool("default", offload.workers, offload.timeout_seconds)
     context = RuleContext(
         metrics,
         pool,

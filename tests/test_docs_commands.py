@@ -856,6 +856,10 @@ def sources_exist(ctx: Ctx, command: str) -> str:
 
 NO_DOCKER = "needs a Docker daemon, images and host ports; validated with compose config instead"
 ROOT = "needs root on a systemd host (a deployed machine)"
+DASK = (
+    "needs a Dask cluster on other hosts; tests/test_dask_offload.py starts a scheduler and two "
+    "workers with the dask command and runs verify batch and certify knn through --scheduler"
+)
 
 COMMANDS: dict[str, Run | Excused] = {
     # README.md
@@ -933,6 +937,15 @@ COMMANDS: dict[str, Run | Excused] = {
     ),
     "install -m 0644 ops/systemd/vigil.service /etc/systemd/system/": Excused(ROOT, unit_verifies),
     "systemctl daemon-reload": Excused(ROOT),
+    "pip install 'vigil-daemon[dask]'": Excused(
+        "installs from the package index; make test installs the dask extra the same way"
+    ),
+    "dask scheduler --port 8786": Excused(DASK),
+    "dask worker tcp://SCHEDULER:8786 --nworkers 2 --nthreads 1": Excused(DASK),
+    "vigil verify batch --model M.onnx --inputs X.npy --labels y.npy --eps 0.03 --scheduler "
+    "tcp://SCHEDULER:8786": Excused(DASK),
+    "vigil certify knn --train DATA.csv --target COL --protected sex --flips 1 --inputs TEST.csv "
+    "--out results.jsonl --scheduler tcp://SCHEDULER:8786": Excused(DASK),
     "systemctl enable --now vigil": Excused(ROOT),
     "journalctl -u vigil -f": Excused(ROOT + " running the unit"),
     "promtool check config prometheus.yml": Run(promtool, "prometheus.yml made by steps 1-2"),

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import orjson
 from tqdm import tqdm
 
 from vigil.daemon.cli._args import out_path
-from vigil.rules.certify.knn import VARIANTS, Enumerator, FairKnnCertifier, read_csv, split_target
+from vigil.daemon.offload import ClusterError, DaskCluster, scheduler_address
+from vigil.rules.certify.knn import (
+    VARIANTS,
+    Enumerator,
+    FairKnnCertifier,
+    Table,
+    read_csv,
+    split_target,
+)
 from vigil.rules.certify.knn.certifier import DEFAULT_FOLDS
 from vigil.rules.certify.knn.summary import format_summary, summarize
 from vigil.rules.certify.knn.table import target_column
@@ -18,6 +28,8 @@ from vigil.rules.certify.knn.table import target_column
 GROUP = "certify"
 PROGRESS_STEP = 16
 """Inputs certified between progress bar updates."""
+CHUNK_SIZE = 256
+"""Inputs per cluster task, by default."""
 ENUMERATED = ("label", "individual")
 """Variants that --check compares against enumerating every flipped training set."""
 
@@ -82,13 +94,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "for the label and individual variants; exit 1 if anything certified is not truly fair",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--scheduler",
+        type=_scheduler,
+        metavar="tcp://HOST:PORT",
+        help="learn and certify on this Dask cluster's workers: one task learns, then one "
+        "task per chunk of inputs certifies (same results as a local run)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=CHUNK_SIZE,
+        metavar="N",
+        help=f"with --scheduler: inputs per task (default {CHUNK_SIZE})",
+    )
     p.set_defaults(handler=run)
 
 
+def _scheduler(text: str) -> str:
+    try:
+        return scheduler_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.chunk_size < 1:
+        raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     table = read_csv(args.train, args.sep)
     features, labels = split_target(table, args.target)
-    cert = FairKnnCertifier.from_table(
+    learning = (
         features,
         labels,
         args.protected,
@@ -99,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         args.metric,
         args.scaling,
     )
+    cert = None if args.scheduler else _learn(*learning)
     inputs = read_csv(args.inputs, args.sep)
     target_col = target_column(args.target)
     if target_col in inputs.columns:
@@ -108,59 +144,154 @@ def run(args: argparse.Namespace) -> int:
             f"--inputs {args.inputs}: columns must be the training features "
             f"({', '.join(features.columns)})"
         )
-    x = cert.encoder.transform(inputs)
     groups = [
         ",".join(f"{p}={inputs.rows[i][inputs.index(p)]}" for p in args.protected)
-        for i in range(len(x))
+        for i in range(len(inputs.rows))
     ]
     enumerated = args.check and any(v in ENUMERATED for v in args.variant)
-    enumerator = Enumerator(cert.model, cert.flips) if enumerated else None
-    lines: list[dict] = [
-        {
-            "index": i,
-            "group": groups[i],
-            "k": cert.k,
-            "kset": [int(k) for k in cert.kset],
-            "variants": {},
-        }
-        for i in range(len(x))
-    ]
-    records = []
     bar = tqdm(
-        total=len(x) * len(args.variant), disable=args.no_progress, desc="certify knn", unit="input"
+        total=len(inputs.rows) * len(args.variant),
+        disable=args.no_progress,
+        desc="certify knn",
+        unit="input",
     )
-    for variant in args.variant:
-        truth = None
-        if enumerator is not None and variant in ENUMERATED:
-            truth = cert.ground_truth(x, variant, enumerator)
-        certs = []
-        for start in range(0, len(x), PROGRESS_STEP):
-            certs.extend(cert.certify(x[start : start + PROGRESS_STEP], variant, args.eps))
-            bar.update(min(PROGRESS_STEP, len(x) - start))
-        for i, c in enumerate(certs):
-            entry = {
-                "certified": c.certified,
-                "status": "certified" if c.certified else "unknown",
-                "failed_k": c.failed_k,
-                "seconds": c.seconds,
-            }
-            if truth is not None:
-                entry["truth"] = truth[i]
-            lines[i]["label"] = cert.label_value(c.label)
-            lines[i]["variants"][variant] = entry
-            records.append({"variant": variant, "group": groups[i], **entry})
-    bar.close()
+    cluster = None
+    try:
+        if cert is None:
+            learned, rows, cluster = _on_cluster(args, learning, inputs, enumerated, bar.update)
+        else:
+            enumerator = Enumerator(cert.model, cert.flips) if enumerated else None
+            x = cert.encoder.transform(inputs)
+            learned = _describe(cert)
+            rows = _certify_rows(cert, enumerator, x, args.variant, args.eps, bar.update)
+    except ClusterError as e:  # not the input's fault: the cluster is unreachable or failing
+        print(f"vigil certify knn: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+    k, kset = learned["k"], learned["kset"]
+    lines = [
+        {"index": i, "group": groups[i], "k": k, "kset": kset, "variants": entries, "label": label}
+        for i, (label, entries) in enumerate(rows)
+    ]
+    records = [
+        {"variant": variant, "group": groups[i], **entries[variant]}
+        for variant in args.variant
+        for i, (_, entries) in enumerate(rows)
+    ]
     with args.out.open("wb") as f:
         for line in lines:
             f.write(orjson.dumps(line) + b"\n")
     summary = summarize(records)
-    kset = [int(k) for k in cert.kset]
-    print(f"K = {cert.k}, KSet = {kset}, learned in {cert.learn_seconds:.2f}s", file=sys.stderr)
+    print(f"K = {k}, KSet = {kset}, learned in {learned['learn_seconds']:.2f}s", file=sys.stderr)
     print(format_summary(summary), file=sys.stderr)
-    print(
-        orjson.dumps(
-            {"k": cert.k, "kset": [int(k) for k in cert.kset], "summary": summary}
-        ).decode()
-    )
+    printed = {"k": k, "kset": kset, "summary": summary}
+    if cluster is not None:
+        printed["cluster"] = cluster
+    print(orjson.dumps(printed).decode())
     unsound = sum(e.get("unsound", 0) for e in summary.values())
     return 1 if unsound else 0
+
+
+def _learn(
+    features: Table,
+    labels: np.ndarray,
+    protected: list[str],
+    flips: int,
+    categorical: list[str],
+    k: list[int] | None,
+    folds: int,
+    metric: str,
+    scaling: str,
+) -> FairKnnCertifier:
+    """Train the KNN and its KSet (a cluster task with --scheduler; its result stays there)."""
+    return FairKnnCertifier.from_table(
+        features, labels, protected, flips, categorical, k, folds, metric, scaling
+    )
+
+
+def _describe(cert: FairKnnCertifier) -> dict:
+    return {"k": cert.k, "kset": [int(k) for k in cert.kset], "learn_seconds": cert.learn_seconds}
+
+
+def _enumerator(cert: FairKnnCertifier) -> Enumerator:
+    return Enumerator(cert.model, cert.flips)
+
+
+def _certify_rows(
+    cert: FairKnnCertifier,
+    enumerator: Enumerator | None,
+    x: np.ndarray,
+    variants: Sequence[str],
+    eps: float,
+    progress: Callable[[int], object] | None = None,
+) -> list[tuple[object, dict]]:
+    """Each encoded input's label and its entry per variant (with ``truth`` where
+    ``enumerator`` is given and the variant is enumerated). Certificates do not depend on
+    the inputs beside them, so any split of the inputs gives the same entries."""
+    labels: list[object] = [None] * len(x)
+    entries: list[dict] = [{} for _ in range(len(x))]
+    for variant in variants:
+        truth = None
+        if enumerator is not None and variant in ENUMERATED:
+            truth = cert.ground_truth(x, variant, enumerator)
+        for start in range(0, len(x), PROGRESS_STEP):
+            certs = cert.certify(x[start : start + PROGRESS_STEP], variant, eps)
+            for i, c in enumerate(certs, start):
+                entry = {
+                    "certified": c.certified,
+                    "status": "certified" if c.certified else "unknown",
+                    "failed_k": c.failed_k,
+                    "seconds": c.seconds,
+                }
+                if truth is not None:
+                    entry["truth"] = truth[i]
+                labels[i] = cert.label_value(c.label)
+                entries[i][variant] = entry
+            if progress is not None:
+                progress(len(certs))
+    return list(zip(labels, entries, strict=True))
+
+
+def _certify_chunk(
+    cert: FairKnnCertifier,
+    enumerator: Enumerator | None,
+    variants: Sequence[str],
+    eps: float,
+    inputs: Table,
+) -> list[tuple[object, dict]]:
+    """One cluster task: encode and certify one chunk of the inputs."""
+    return _certify_rows(cert, enumerator, cert.encoder.transform(inputs), variants, eps)
+
+
+def _on_cluster(
+    args: argparse.Namespace,
+    learning: tuple,
+    inputs: Table,
+    enumerated: bool,
+    progress: Callable[[int], object],
+) -> tuple[dict, list[tuple[object, dict]], dict]:
+    """Learn and certify on the Dask cluster: one task trains (the certifier stays on the
+    cluster; the tasks that need it get it from there), one builds the enumerator for
+    --check, and each chunk of inputs is one task; results come back in input order."""
+    size = args.chunk_size
+    chunks = [
+        Table(inputs.columns, inputs.rows[s : s + size]) for s in range(0, len(inputs.rows), size)
+    ]
+    with DaskCluster(args.scheduler) as cluster:
+        data = [cluster.scatter(learning[0]), cluster.scatter(learning[1])]
+        cert = cluster.submit(_learn, *data, *learning[2:])
+        learned = cluster.result(cluster.submit(_describe, cert))
+        enumerator = cluster.submit(_enumerator, cert) if enumerated else None
+        parts = cluster.fan_out(
+            _certify_chunk,
+            [(chunk,) for chunk in chunks],
+            cert,
+            enumerator,
+            args.variant,
+            args.eps,
+            progress=lambda i, _: progress(len(chunks[i].rows) * len(args.variant)),
+        )
+        workers = dict(sorted(cluster.workers.items()))
+    rows = [row for part in parts for row in part]
+    return learned, rows, {"scheduler": args.scheduler, "tasks": len(chunks), "workers": workers}

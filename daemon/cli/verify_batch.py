@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import orjson
 from tqdm import tqdm
 
 from vigil.daemon.cli._args import load_npy, out_path, seed
+from vigil.daemon.offload import ClusterError, DaskCluster, scheduler_address
 from vigil.rules.certify.batch import (
     BOUNDS,
     METHODS,
     SIZERS,
+    Report,
     Solver,
     VerificationError,
     verify_inputs,
 )
+from vigil.rules.certify.batch.runner import check_inputs, label_chunks, merge_reports
 
 GROUP = "verify"
+CHUNK_SIZE = 128
+"""Inputs of one label per cluster task, by default."""
 
 
 def _clip(text: str) -> tuple[float, float]:
@@ -64,7 +72,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", type=out_path, metavar="verdicts.jsonl", help="one JSON line per input")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument(
+        "--scheduler",
+        type=_scheduler,
+        metavar="tcp://HOST:PORT",
+        help="run the verification on this Dask cluster's workers, one task per chunk of a "
+        "label's inputs (same verdicts as a local run)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=CHUNK_SIZE,
+        metavar="N",
+        help=f"with --scheduler: most inputs of one label per task (default {CHUNK_SIZE})",
+    )
     p.set_defaults(handler=run)
+
+
+def _scheduler(text: str) -> str:
+    try:
+        return scheduler_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,23 +105,31 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--inputs: expected an (n, d) array, got shape {inputs.shape}")
     if not args.bound_time > 0:
         raise ValueError(f"--bound-time must be positive, got {args.bound_time}")
+    if args.chunk_size < 1:
+        raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    model = args.model.read_bytes()
+    x = inputs.reshape(len(inputs), -1) if inputs.ndim > 2 else inputs
+    options = {
+        "eps": args.eps,
+        "clip": args.clip,
+        "max_batch": args.max_batch,
+        "method": args.baseline or "baverly",
+        "sizer": args.sizer,
+        "seed": args.seed,
+        "solver": Solver(bounds=args.bounds, bound_time=args.bound_time),
+    }
     bar = tqdm(total=len(inputs), unit="input", disable=args.no_progress, file=sys.stderr)
+    cluster = None
     try:
-        report = verify_inputs(
-            args.model.read_bytes(),
-            inputs.reshape(len(inputs), -1) if inputs.ndim > 2 else inputs,
-            labels,
-            args.eps,
-            clip=args.clip,
-            max_batch=args.max_batch,
-            method=args.baseline or "baverly",
-            sizer=args.sizer,
-            seed=args.seed,
-            solver=Solver(bounds=args.bounds, bound_time=args.bound_time),
-            progress=bar.update,
-        )
+        if args.scheduler:
+            report, cluster = _on_cluster(args, model, x, labels, options, bar.update)
+        else:
+            report = verify_inputs(model, x, labels, progress=bar.update, **options)
     except VerificationError as e:
         print(f"vigil verify batch: no verdict: {e}", file=sys.stderr)
+        return 1
+    except ClusterError as e:  # not the input's fault: the cluster is unreachable or failing
+        print(f"vigil verify batch: error: {e}", file=sys.stderr)
         return 1
     finally:
         bar.close()
@@ -100,5 +137,41 @@ def run(args: argparse.Namespace) -> int:
         with args.out.open("wb") as f:
             for verdict in report.verdicts:
                 f.write(orjson.dumps(verdict) + b"\n")
-    print(orjson.dumps(report.summary).decode(), flush=True)
+    summary = report.summary
+    if cluster is not None:
+        summary = {**summary, "cluster": cluster}
+    print(orjson.dumps(summary).decode(), flush=True)
     return 0
+
+
+def _verify_chunk(model: bytes, options: dict, inputs: np.ndarray, labels: np.ndarray) -> Report:
+    """One cluster task: ``verify_inputs`` on one chunk of one label's inputs."""
+    return verify_inputs(model, inputs, labels, **options)
+
+
+def _on_cluster(
+    args: argparse.Namespace,
+    model: bytes,
+    x: np.ndarray,
+    labels: np.ndarray,
+    options: dict,
+    progress: Callable[[int], object],
+) -> tuple[Report, dict]:
+    """Verify on the Dask cluster: bad input is refused here as a local run refuses it, then
+    each label's inputs (in chunks of at most --chunk-size) are one task; the verdicts come
+    back in input order. The cluster part of the summary names the workers that ran tasks."""
+    opts = {k: v for k, v in options.items() if k not in ("seed", "solver")}
+    check_inputs(model, x, labels, **opts)
+    chunks = label_chunks(labels, args.chunk_size)
+    started = time.perf_counter()
+    with DaskCluster(args.scheduler) as cluster:
+        reports = cluster.fan_out(
+            _verify_chunk,
+            [(x[idx], labels[idx]) for idx in chunks],
+            cluster.scatter(model),
+            options,
+            progress=lambda i, _: progress(len(chunks[i])),
+        )
+        workers = dict(sorted(cluster.workers.items()))
+    report = merge_reports(list(zip(chunks, reports, strict=True)), time.perf_counter() - started)
+    return report, {"scheduler": args.scheduler, "tasks": len(chunks), "workers": workers}

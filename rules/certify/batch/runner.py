@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +16,7 @@ import numpy as np
 from vigil.rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
 from vigil.rules.certify.batch.encoding import DEFAULT_SOLVER, Solver, VerificationError
 from vigil.rules.certify.batch.mipverify import ball_box
-from vigil.rules.reach.network import OnnxRunner, load_checked
+from vigil.rules.reach.network import Network, OnnxRunner, load_checked
 
 METHODS = ("baverly", "one-by-one")
 SIZERS = ("thompson", "random")
@@ -95,23 +95,18 @@ def _checker(runner: OnnxRunner, label: int) -> Callable[[np.ndarray], bool]:
     return lambda x: int(np.argmax(runner(x[None, :])[0])) != label
 
 
-def verify_inputs(
+def _prepare(
     model: bytes,
     inputs: np.ndarray,
     labels: np.ndarray,
     eps: float,
-    clip: tuple[float, float] | None = None,
-    max_batch: int = 16,
-    method: str = "baverly",
-    sizer: str = "thompson",
-    seed: int = 0,
-    solver: Solver = DEFAULT_SOLVER,
-    progress: Progress | None = None,
-) -> Report:
-    """Robust / not_robust / misclassified for every input's eps-ball (L-inf, clipped).
-
-    ``solver`` says how bounds are tightened (LP or MILP, in both methods alike).
-    """
+    clip: tuple[float, float] | None,
+    max_batch: int,
+    method: str,
+    sizer: str,
+) -> tuple[Network, OnnxRunner, np.ndarray, np.ndarray]:
+    """The loaded model and the validated inputs and labels; InvalidBatchInput (InvalidModel)
+    names what is wrong."""
     try:
         x = np.asarray(inputs, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -137,6 +132,91 @@ def verify_inputs(
         raise InvalidBatchInput(
             f"inputs have {x.shape[1]} features, the model expects {network.input_dim}"
         )
+    return network, runner, x, y
+
+
+def check_inputs(
+    model: bytes,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    eps: float,
+    clip: tuple[float, float] | None = None,
+    max_batch: int = 16,
+    method: str = "baverly",
+    sizer: str = "thompson",
+) -> None:
+    """Raise what ``verify_inputs`` would raise for bad input, without verifying anything
+    (before the inputs are split into chunks that run elsewhere)."""
+    _prepare(model, inputs, labels, eps, clip, max_batch, method, sizer)
+
+
+def label_chunks(labels: np.ndarray, size: int) -> list[np.ndarray]:
+    """The fan-out unit: the indices of each label's inputs, in input order, in chunks of at
+    most ``size``; labels ascending, as ``verify_inputs`` takes them. A label's inputs are
+    one chunk when there are at most ``size`` of them, so its mini-batches are formed from
+    the same balls, in the same order, as in one ``verify_inputs`` call."""
+    if size < 1:
+        raise InvalidBatchInput(f"chunk size must be >= 1, got {size}")
+    y = np.asarray(labels)
+    chunks = []
+    for label in np.unique(y):
+        members = np.flatnonzero(y == label)
+        chunks += [members[s : s + size] for s in range(0, len(members), size)]
+    return chunks
+
+
+def merge_reports(parts: Sequence[tuple[np.ndarray, Report]], seconds: float) -> Report:
+    """One report from reports on disjoint subsets of the inputs (``parts``: each subset's
+    indices into the whole, and its report), verdicts re-indexed into input order. Counts and
+    times add up; ``split_layers`` and ``batch_sizes`` follow the parts' order; ``seconds``
+    is the wall time of the whole run."""
+    inputs = sum(len(indices) for indices, _ in parts)
+    verdicts: list[dict | None] = [None] * inputs
+    for indices, report in parts:
+        for verdict in report.verdicts:
+            i = int(indices[verdict["index"]])
+            verdicts[i] = {**verdict, "index": i}
+    if any(v is None for v in verdicts):
+        raise ValueError("the parts do not cover every input exactly once")
+    first = parts[0][1].summary
+    summary = {
+        "inputs": inputs,
+        **{k: sum(r.summary[k] for _, r in parts) for k in ("robust", "not_robust")},
+        "misclassified": sum(r.summary["misclassified"] for _, r in parts),
+        "seconds": round(seconds, 4),
+        "method": first["method"],
+        "bounds": first["bounds"],
+    }
+    if "time" in first:  # BaVerLy
+        summary["time"] = {
+            k: round(sum(r.summary["time"][k] for _, r in parts), 4) for k in first["time"]
+        }
+        for key in ("batches", "refinements", "fallbacks"):
+            summary[key] = sum(r.summary[key] for _, r in parts)
+        for key in ("split_layers", "batch_sizes"):
+            summary[key] = [v for _, r in parts for v in r.summary[key]]
+        summary["sizer"] = first["sizer"]
+    return Report(verdicts, summary)  # type: ignore[arg-type]
+
+
+def verify_inputs(
+    model: bytes,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    eps: float,
+    clip: tuple[float, float] | None = None,
+    max_batch: int = 16,
+    method: str = "baverly",
+    sizer: str = "thompson",
+    seed: int = 0,
+    solver: Solver = DEFAULT_SOLVER,
+    progress: Progress | None = None,
+) -> Report:
+    """Robust / not_robust / misclassified for every input's eps-ball (L-inf, clipped).
+
+    ``solver`` says how bounds are tightened (LP or MILP, in both methods alike).
+    """
+    network, runner, x, y = _prepare(model, inputs, labels, eps, clip, max_batch, method, sizer)
     start = time.perf_counter()
     predicted = np.argmax(runner(x), axis=1)
     verdicts: list[dict] = [{"index": i, "verdict": "misclassified"} for i in range(len(x))]
