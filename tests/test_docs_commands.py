@@ -48,6 +48,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.daemon_harness import consume_all
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/operations.md", "ops/README.md")
 SHELL_BLOCKS = frozenset({"sh", "bash", "shell", "zsh", "console"})
@@ -535,32 +537,6 @@ def _inline_kcat() -> str:
     return match.group(1)
 
 
-async def _read_committed(bootstrap: str, topic: str, expect: int, seconds: float) -> list[dict]:
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    records: list[dict] = []
-    try:
-        deadline = time.monotonic() + seconds
-        while len(records) < expect and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            records += [json.loads(r.value) for rs in batches.values() for r in rs]
-        quiet = time.monotonic() + 2  # anything arriving now would be a duplicate
-        while time.monotonic() < quiet:
-            batches = await consumer.getmany(timeout_ms=500)
-            records += [json.loads(r.value) for rs in batches.values() for r in rs]
-    finally:
-        await consumer.stop()
-    return records
-
-
 def _metrics(text: str) -> dict[tuple[str, frozenset], float]:
     out = {}
     for line in text.splitlines():
@@ -694,7 +670,7 @@ def _settle(
 
     expected = _expected_alerts()
     assert daemon.poll() is None, f"the daemon exited {daemon.returncode}"
-    alerts = asyncio.run(_read_committed(ctx.need_broker(), topic, sum(expected.values()), 120))
+    alerts = asyncio.run(consume_all(ctx.need_broker(), topic, sum(expected.values()), 120))
     by_rule = {rule: sum(a["rule"] == rule for a in alerts) for rule in expected}
     assert by_rule == expected, f"alerts per rule {by_rule}, ops/README.md says {expected}"
     assert len({(a["rule"], a["decision"]["id"]) for a in alerts}) == len(alerts), "duplicates"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vigil.daemon.offload import scheduler_address
 from vigil.rules.ior.backends import parse_backend
 
 
@@ -72,3 +73,11 @@ def threshold(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
+
+
+def scheduler(text: str) -> str:
+    """An argparse type: a Dask scheduler address, ``tcp://HOST:PORT``."""
+    try:
+        return scheduler_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

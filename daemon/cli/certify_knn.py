@@ -11,8 +11,8 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from vigil.daemon.cli._args import out_path
-from vigil.daemon.offload import ClusterError, DaskCluster, scheduler_address
+from vigil.daemon.cli._args import out_path, scheduler
+from vigil.daemon.offload import ClusterError, DaskCluster
 from vigil.rules.certify.knn import (
     VARIANTS,
     Enumerator,
@@ -96,7 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument(
         "--scheduler",
-        type=_scheduler,
+        type=scheduler,
         metavar="tcp://HOST:PORT",
         help="learn and certify on this Dask cluster's workers: one task learns, then one "
         "task per chunk of inputs certifies (same results as a local run)",
@@ -109,13 +109,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"with --scheduler: inputs per task (default {CHUNK_SIZE})",
     )
     p.set_defaults(handler=run)
-
-
-def _scheduler(text: str) -> str:
-    try:
-        return scheduler_address(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:

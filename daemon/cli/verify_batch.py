@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from vigil.daemon.cli._args import load_npy, out_path, seed
-from vigil.daemon.offload import ClusterError, DaskCluster, scheduler_address
+from vigil.daemon.cli._args import load_npy, out_path, scheduler, seed
+from vigil.daemon.offload import ClusterError, DaskCluster
 from vigil.rules.certify.batch import (
     BOUNDS,
     METHODS,
@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument(
         "--scheduler",
-        type=_scheduler,
+        type=scheduler,
         metavar="tcp://HOST:PORT",
         help="run the verification on this Dask cluster's workers, one task per chunk of a "
         "label's inputs (same verdicts as a local run)",
@@ -87,13 +87,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"with --scheduler: most inputs of one label per task (default {CHUNK_SIZE})",
     )
     p.set_defaults(handler=run)
-
-
-def _scheduler(text: str) -> str:
-    try:
-        return scheduler_address(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
