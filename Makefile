@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
+# the dev broker's secured listeners and credentials (written by dev-kafka.sh start)
+KAFKA_SECURITY = $${VIGIL_KAFKA_RUN:-/tmp/vigil-kafka-$(KAFKA_PORT)}/security.json
 
 .PHONY: demo test docs-check lint format bench kafka-start kafka-stop clean
 
@@ -24,13 +26,15 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
-	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q
+	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) VIGIL_KAFKA_SECURITY=$(KAFKA_SECURITY) \
+	$(PY) -m pytest -q
 
 ## docs-check: run every command the docs show (README, docs/operations.md, ops/README.md) and print what ran
 docs-check: $(STAMP)
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
-	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) $(PY) -m pytest -q -s tests/test_docs_commands.py
+	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) VIGIL_KAFKA_SECURITY=$(KAFKA_SECURITY) \
+	$(PY) -m pytest -q -s tests/test_docs_commands.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -10,18 +10,22 @@ from aiokafka.errors import KafkaConnectionError
 
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from vigil.connectors.events import Record
+from vigil.connectors.kafka_security import KafkaSecurity, diagnose
+
+PLAINTEXT = KafkaSecurity()
 
 
-class BrokerUnavailable(ConnectionError):
-    """No broker answered at the configured address."""
-
-
-async def _start(client: AIOKafkaConsumer | AIOKafkaProducer, servers: str) -> None:
+async def start_client(
+    client: AIOKafkaConsumer | AIOKafkaProducer, servers: str, security: KafkaSecurity
+) -> None:
+    """Start ``client``; if it cannot bootstrap, raise ``BrokerRejected`` (the security
+    settings do not fit the broker) or ``BrokerUnavailable`` (nothing answered), one line
+    that names what to check."""
     try:
         await client.start()
-    except KafkaConnectionError as e:
+    except KafkaConnectionError:
         await client.stop()
-        raise BrokerUnavailable(f"cannot reach the Kafka broker at {servers}: {e}") from None
+        raise await diagnose(servers, security) from None
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -48,9 +52,12 @@ class KafkaSource:
         isolation_level: str = "read_committed",
         session_timeout_ms: int = 10_000,
         fetch_max_wait_ms: int = 20,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.topics = sorted(set(topics))
+        self._security = security
         self._consumer = AIOKafkaConsumer(
+            **security.client_options(),
             bootstrap_servers=bootstrap_servers,
             group_id=group_id,
             client_id=client_id,
@@ -70,7 +77,7 @@ class KafkaSource:
         self._servers = bootstrap_servers
 
     async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
-        await _start(self._consumer, self._servers)
+        await start_client(self._consumer, self._servers, self._security)
         self._consumer.subscribe(self.topics, listener=_Listener(on_assign, on_revoke))
 
     async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
@@ -138,11 +145,14 @@ class KafkaSink:
         group_id: str,
         client_id: str = "vigil",
         transactional_id: str | None = None,
+        security: KafkaSecurity = PLAINTEXT,
     ) -> None:
         self.commits_offsets = transactional_id is not None
         self._group_id = group_id
         self._servers = bootstrap_servers
+        self._security = security
         self._producer = AIOKafkaProducer(
+            **security.client_options(),
             bootstrap_servers=bootstrap_servers,
             client_id=client_id,
             enable_idempotence=True,
@@ -152,7 +162,7 @@ class KafkaSink:
         )
 
     async def start(self) -> None:
-        await _start(self._producer, self._servers)
+        await start_client(self._producer, self._servers, self._security)
 
     async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
         if not self.commits_offsets:
@@ -174,3 +184,20 @@ class KafkaSink:
 
     async def stop(self) -> None:
         await self._producer.stop()
+
+
+async def topic_partitions(
+    servers: str, topics: list[str], security: KafkaSecurity = PLAINTEXT
+) -> dict[str, int | None]:
+    """Connect as Vigil's clients do and count each topic's partitions (None: no such
+    topic), so a deployment can be checked before it runs."""
+    consumer = AIOKafkaConsumer(**security.client_options(), bootstrap_servers=servers)
+    await start_client(consumer, servers, security)
+    try:
+        existing = await consumer.topics()
+        return {
+            t: len(consumer.partitions_for_topic(t) or ()) if t in existing else None
+            for t in topics
+        }
+    finally:
+        await consumer.stop()

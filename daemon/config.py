@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
@@ -12,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -19,6 +22,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from vigil.connectors.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity
 from vigil.daemon.offload import INSTALL_DASK, scheduler_address
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.reach.online import Accelerations
@@ -65,10 +69,146 @@ class KafkaConfig(_Section):
         default=10_000, description="how soon a crashed instance's partitions are reassigned"
     )
 
+    security_protocol: Literal[PROTOCOLS] = "PLAINTEXT"
+    ssl_cafile: Path | None = Field(
+        default=None,
+        description="CA bundle that signed the brokers' certificates; system CAs if unset",
+    )
+    ssl_certfile: Path | None = Field(default=None, description="client certificate (mutual TLS)")
+    ssl_keyfile: Path | None = Field(default=None, description="its private key")
+    ssl_key_password: SecretStr | None = None
+    ssl_key_password_file: Path | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: Literal[MECHANISMS] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = None
+    sasl_oauth_token_provider: str | None = Field(
+        default=None,
+        description="module:attribute, called with no arguments, giving an aiokafka "
+        "AbstractTokenProvider (OAUTHBEARER)",
+    )
+
+    @model_validator(mode="after")
+    def _security_fits(self) -> KafkaConfig:
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        sasl = self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+        for key in (
+            "ssl_cafile",
+            "ssl_certfile",
+            "ssl_keyfile",
+            "ssl_key_password",
+            "ssl_key_password_file",
+        ):
+            if getattr(self, key) is not None and not tls:
+                raise ValueError(f"{key} is only used with security_protocol SSL or SASL_SSL")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (mutual TLS)")
+        _one_secret(self, "ssl_key_password")
+        sasl_keys = ("sasl_username", "sasl_password", "sasl_password_file")
+        if not sasl:
+            for key in ("sasl_mechanism", *sasl_keys, "sasl_oauth_token_provider"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"{key} is only used with security_protocol SASL_PLAINTEXT or SASL_SSL"
+                    )
+            return self
+        if self.sasl_mechanism is None:
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism "
+                f"({', '.join(MECHANISMS)})"
+            )
+        if self.sasl_mechanism == "OAUTHBEARER":
+            for key in sasl_keys:
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} is not used with OAUTHBEARER (the token provider is)")
+            if self.sasl_oauth_token_provider is None:
+                raise ValueError("OAUTHBEARER needs sasl_oauth_token_provider (module:attribute)")
+            _import_attribute(self.sasl_oauth_token_provider)
+            return self
+        if self.sasl_oauth_token_provider is not None:
+            raise ValueError("sasl_oauth_token_provider is only used with OAUTHBEARER")
+        if not self.sasl_username:
+            raise ValueError(f"sasl_mechanism {self.sasl_mechanism} needs sasl_username")
+        _one_secret(self, "sasl_password", required=True)
+        return self
+
+    def security(self) -> KafkaSecurity:
+        """The clients' TLS and SASL settings, with secrets read from their files or the
+        environment now."""
+        provider = None
+        if self.sasl_oauth_token_provider:
+            provider = _import_attribute(self.sasl_oauth_token_provider)()
+        return KafkaSecurity(
+            protocol=self.security_protocol,
+            cafile=self.ssl_cafile,
+            certfile=self.ssl_certfile,
+            keyfile=self.ssl_keyfile,
+            key_password=_secret(self, "ssl_key_password"),
+            check_hostname=self.ssl_check_hostname,
+            mechanism=self.sasl_mechanism,
+            username=self.sasl_username,
+            password=_secret(self, "sasl_password"),
+            token_provider=provider,
+        )
+
     def instance_transactional_id(self, host: str) -> str:
         """The configured id, or one unique per host and stable across restarts there:
         ``<group_id>-<client_id>-<host>``. Instances sharing an id fence each other."""
         return self.transactional_id or f"{self.group_id}-{self.client_id}-{host}"
+
+
+SECRET_VARIABLES = {
+    "sasl_password": "VIGIL_KAFKA_SASL_PASSWORD",
+    "ssl_key_password": "VIGIL_KAFKA_SSL_KEY_PASSWORD",
+}
+
+
+def _one_secret(kafka: KafkaConfig, key: str, required: bool = False) -> None:
+    """A secret comes from ``<key>_file``, ``<key>`` or its environment variable."""
+    inline, path = getattr(kafka, key), getattr(kafka, f"{key}_file")
+    if inline is not None and path is not None:
+        raise ValueError(f"{key} and {key}_file: set one (the file keeps it out of the TOML)")
+    if required and inline is None and path is None and not os.environ.get(SECRET_VARIABLES[key]):
+        raise ValueError(
+            f"{key}_file is needed (or {key}, or the {SECRET_VARIABLES[key]} environment variable)"
+        )
+
+
+def _secret(kafka: KafkaConfig, key: str) -> str | None:
+    inline, path = getattr(kafka, key), getattr(kafka, f"{key}_file")
+    if path is not None:
+        return _read_secret(path, f"{key}_file")
+    if inline is not None:
+        return inline.get_secret_value()
+    return os.environ.get(SECRET_VARIABLES[key]) or None
+
+
+def _read_secret(path: Path, key: str) -> str:
+    """The file's text without its final line break."""
+    try:
+        text = path.read_text().rstrip("\r\n")
+    except FileNotFoundError:
+        raise ValueError(f"{key}: no such file: {path}") from None
+    except OSError as e:
+        raise ValueError(f"{key}: cannot read {path}: {e.strerror}") from None
+    if not text:
+        raise ValueError(f"{key}: {path} is empty")
+    return text
+
+
+def _import_attribute(spec: str) -> object:
+    """``package.module:attribute``, imported."""
+    module, _, attribute = spec.partition(":")
+    if not module or not attribute:
+        raise ValueError(f"sasl_oauth_token_provider: expected module:attribute, got {spec!r}")
+    try:
+        value = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"sasl_oauth_token_provider: cannot import {spec}: {e}") from None
+    if not callable(value):
+        raise ValueError(f"sasl_oauth_token_provider: {spec} is not callable")
+    return value
 
 
 class FilesConfig(_Section):
@@ -395,7 +535,32 @@ def load_config(path: str | Path) -> Config:
     config = _resolve_paths(config, path.parent)
     if config.files is not None:
         _check_decisions_file(config.files.decisions, str(path))
+    if config.kafka is not None:
+        _check_kafka_files(config.kafka, str(path))
     return config
+
+
+def _check_kafka_files(kafka: KafkaConfig, origin: str) -> None:
+    """Certificates, keys and secret files exist and can be read (as the daemon's user)."""
+    problems = []
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        path = getattr(kafka, key)
+        if path is not None and not os.access(path, os.R_OK):
+            problem = "cannot be read" if path.exists() else "no such file"
+            problems.append(f"  kafka.{key}: {problem}: {path}")
+    for key in ("sasl_password_file", "ssl_key_password_file"):
+        if getattr(kafka, key) is not None:
+            try:
+                _read_secret(getattr(kafka, key), key)
+            except ValueError as e:
+                problems.append(f"  kafka.{e}")
+    if not problems:
+        try:
+            kafka.security().ssl_context()
+        except ValueError as e:
+            problems.append(f"  kafka.{e}")
+    if problems:
+        raise ConfigError(f"{origin}: invalid configuration\n" + "\n".join(problems))
 
 
 def _check_decisions_file(decisions: Path, origin: str) -> None:
@@ -435,6 +600,19 @@ def _resolve_paths(config: Config, base: Path) -> Config:
         )
         for r in config.rules
     ]
+    if config.kafka is not None:
+        updates["kafka"] = config.kafka.model_copy(
+            update={
+                key: fix(getattr(config.kafka, key))
+                for key in (
+                    "ssl_cafile",
+                    "ssl_certfile",
+                    "ssl_keyfile",
+                    "ssl_key_password_file",
+                    "sasl_password_file",
+                )
+            }
+        )
     if config.files is not None:
         updates["files"] = config.files.model_copy(
             update={"decisions": fix(config.files.decisions)}

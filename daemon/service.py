@@ -10,7 +10,8 @@ import socket
 import structlog
 
 from vigil.connectors.files import JsonLinesSink, JsonLinesSource
-from vigil.connectors.kafka import BrokerUnavailable, KafkaSink, KafkaSource
+from vigil.connectors.kafka import KafkaSink, KafkaSource
+from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable
 from vigil.daemon.adapters import Rule, RuleContext, build_rule
 from vigil.daemon.config import Config
 from vigil.daemon.http import OpsServer
@@ -74,6 +75,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     metrics.start({r.name: r.kind for r in rules}, pools)
     if config.kafka is not None:
         k = config.kafka
+        security = k.security()
         source = KafkaSource(
             sorted({t for r in rules for t in r.topics}),
             k.bootstrap_servers,
@@ -83,11 +85,12 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
             "read_committed",
             k.session_timeout_ms,
             k.fetch_max_wait_ms,
+            security,
         )
         transactional_id = (
             k.instance_transactional_id(socket.gethostname()) if k.exactly_once else None
         )
-        sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id)
+        sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security)
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms
     else:
         f = config.files
@@ -131,7 +134,7 @@ async def run_daemon(
     try:
         await pipeline.sink.start()
         await pipeline.source.start(pipeline.on_assign, pipeline.on_revoke)
-    except BrokerUnavailable:
+    except (BrokerUnavailable, BrokerRejected):
         await _close(pipeline, server)
         for rule in pipeline.rules:
             rule.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -46,3 +47,15 @@ def kafka_bootstrap() -> str:
     if not address:
         pytest.skip("VIGIL_KAFKA_BOOTSTRAP unset: run `make test` to start the dev broker")
     return address
+
+
+@pytest.fixture(scope="session")
+def kafka_security() -> dict[str, str]:
+    """The dev broker's secured listeners and client credentials (its security.json)."""
+    path = os.environ.get("VIGIL_KAFKA_SECURITY")
+    if not path:
+        pytest.skip("VIGIL_KAFKA_SECURITY unset: run `make test` to start the dev broker")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} absent: the dev broker running predates its secured listeners")
+    with open(path) as f:
+        return json.load(f)

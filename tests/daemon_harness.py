@@ -71,6 +71,9 @@ class Daemon:
     extra_rules: str = ""  # more [[rules]] (TOML), with {tag} standing for this run's tag
     offload_workers: int = 2
     auto_offset_reset: str = "earliest"
+    listener: str | None = None  # the daemon's bootstrap address, if not ``bootstrap``
+    kafka_settings: str = ""  # more [kafka] keys (TOML): TLS and SASL
+    log_level: str = "info"
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     proc: subprocess.Popen | None = None
     port: int = field(default_factory=free_port)
@@ -102,7 +105,8 @@ class Daemon:
         path = self.workdir / "vigil.toml"
         path.write_text(f"""
 [kafka]
-bootstrap_servers = "{self.bootstrap}"
+bootstrap_servers = "{self.listener or self.bootstrap}"
+{self.kafka_settings}
 group_id = "vigil-{self.tag}"
 exactly_once = {str(self.exactly_once).lower()}
 fetch_timeout_ms = 100
@@ -132,6 +136,7 @@ deadline_seconds = 20
 
 [logging]
 format = "json"
+level = "{self.log_level}"
 
 [[rules]]
 name = "compas-fairness"

@@ -348,7 +348,11 @@ def check_config_installed(ctx: Ctx, command: str) -> str:
     ops/README's systemd steps, its /var/lib/vigil models made here."""
     root = ctx.scratch / "host"
     var = root / "var/lib/vigil"
+    credentials = root / "run/credentials/vigil.service"
     text = (ctx.copy / "ops/examples/vigil.toml").read_text().replace("/var/lib/vigil", str(var))
+    text = text.replace("/run/credentials/vigil.service", str(credentials))
+    credentials.mkdir(parents=True, exist_ok=True)
+    (credentials / "kafka-sasl-password").write_text("a-password\n")
     (root / "etc/vigil").mkdir(parents=True, exist_ok=True)
     (root / "etc/vigil/vigil.toml").write_text(text)
     rules = tomllib.loads(text)["rules"]
@@ -359,7 +363,7 @@ def check_config_installed(ctx: Ctx, command: str) -> str:
     actual = command.replace("/etc/vigil", str(root / "etc/vigil"))
     out = ok(sh(actual, ctx.copy)).stdout.strip()
     assert out.endswith(f": ok ({len(rules)} rules, kafka source)"), out
-    return f"ok ({len(rules)} rules); /etc/vigil and /var/lib/vigil under {root}"
+    return f"ok ({len(rules)} rules); /etc/vigil, /var/lib/vigil and the credentials under {root}"
 
 
 def _relu_model(path: Path, inputs: int, outputs: int) -> None:
@@ -911,6 +915,7 @@ COMMANDS: dict[str, Run | Excused] = {
     "install -D -m 0640 -g vigil ops/examples/vigil.toml /etc/vigil/vigil.toml": Excused(
         ROOT, sources_exist
     ),
+    "install -m 0600 /dev/stdin /etc/vigil/kafka-sasl-password": Excused(ROOT),
     "install -m 0644 ops/systemd/vigil.service /etc/systemd/system/": Excused(ROOT, unit_verifies),
     "systemctl daemon-reload": Excused(ROOT),
     "pip install 'vigil-daemon[dask]'": Excused(

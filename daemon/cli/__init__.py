@@ -2,7 +2,8 @@
 ``register(subparsers)`` under its ``GROUP`` (None for a top-level command, or "verify" or
 "certify") and setting ``handler``, a function ``(args) -> exit code`` that prints its own
 output. Bad input (a ``ValueError`` or a malformed stream) becomes one line
-``vigil <command>: error: <message>`` and exit code 2; an unreachable broker exit code 1.
+``vigil <command>: error: <message>`` and exit code 2, as does a broker that refuses the
+connection's security settings; an unreachable broker exit code 1.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 from vigil import __version__
 from vigil.connectors.csv_source import StreamFormatError
-from vigil.connectors.kafka import BrokerUnavailable
+from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable
 from vigil.rules.ior import InvalidDecision
 
 GROUPS = {
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (StreamFormatError, InvalidDecision, ValueError) as e:
+    except (StreamFormatError, InvalidDecision, ValueError, BrokerRejected) as e:
         print(f"vigil {_command(args)}: error: {e}", file=sys.stderr)
         return 2
     except BrokerUnavailable as e:  # not the configuration's fault: a supervisor retries

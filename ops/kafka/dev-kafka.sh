@@ -10,6 +10,8 @@
 # Environment:
 #   KAFKA_PORT             client (PLAINTEXT) port            default 9092
 #   KAFKA_CONTROLLER_PORT  KRaft controller port              default 9093
+#   KAFKA_SASL_SSL_PORT    SASL_SSL client port (SCRAM, PLAIN) default KAFKA_PORT + 2
+#   KAFKA_SSL_PORT         SSL client port (mutual TLS)        default KAFKA_PORT + 3
 #   VIGIL_KAFKA_HOME       jar cache (outside the git tree)   default ~/.cache/vigil/kafka
 #   VIGIL_KAFKA_RUN        run dir: config, data, logs, pid   default /tmp/vigil-kafka-$KAFKA_PORT
 #   KAFKA_START_TIMEOUT    seconds to wait for readiness      default 90
@@ -17,6 +19,11 @@
 #   JAVA_HOME              Java 17+ to use (else `java` on PATH)
 #
 # The Kafka version is the kafka.version property in pom.xml next to this script.
+#
+# Every start makes a fresh dev CA, a broker certificate for 127.0.0.1 and localhost, a
+# client certificate (mutual TLS) and a random password for the SASL user "vigil"
+# (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN), all in the run dir; <run dir>/security.json
+# lists the secured listeners and those files for clients.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,6 +35,9 @@ READY_SRC="$SCRIPT_DIR/KafkaReady.java"
 HOST=127.0.0.1
 KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_SASL_SSL_PORT="${KAFKA_SASL_SSL_PORT:-}"
+KAFKA_SSL_PORT="${KAFKA_SSL_PORT:-}"
+SASL_USER=vigil
 VIGIL_KAFKA_HOME="${VIGIL_KAFKA_HOME:-$HOME/.cache/vigil/kafka}"
 VIGIL_KAFKA_RUN="${VIGIL_KAFKA_RUN:-/tmp/vigil-kafka-$KAFKA_PORT}"
 KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
@@ -38,6 +48,9 @@ RUN_DIR="$VIGIL_KAFKA_RUN"
 PID_FILE="$RUN_DIR/kafka.pid"
 BROKER_LOG="$RUN_DIR/kafka.log"
 SERVER_PROPERTIES="$RUN_DIR/server.properties"
+TLS_DIR="$RUN_DIR/tls"
+SASL_PASSWORD_FILE="$RUN_DIR/sasl-password"
+SECURITY_JSON="$RUN_DIR/security.json"
 RUN_MARKER=".vigil-dev-kafka"
 
 log() { printf 'dev-kafka: %s\n' "$*" >&2; }
@@ -256,9 +269,62 @@ reset_run_dir() {
 
 sed_escape() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
 
+# Signs a certificate for a new key NAME.key with the dev CA: NAME, subject, extensions.
+issue_cert() {
+    local name=$1 subject=$2 extensions=$3
+    openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+        -keyout "$name.key" -out "$name.csr" -subj "$subject"
+    printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+        "authorityKeyIdentifier=keyid,issuer" \
+        "keyUsage=critical,digitalSignature" "$extensions" >"$name.ext"
+    openssl x509 -req -in "$name.csr" -CA ca.pem -CAkey ca.key -CAcreateserial \
+        -days 30 -extfile "$name.ext" -out "$name.pem"
+    rm -f "$name.csr" "$name.ext"
+}
+
+# The dev CA, broker and client certificates, the SASL password and security.json.
+make_credentials() {
+    command -v openssl >/dev/null 2>&1 \
+        || die "openssl not found on PATH; it makes the dev broker's TLS certificates"
+    mkdir -p "$TLS_DIR"
+    chmod 700 "$TLS_DIR"
+    if ! (
+        cd "$TLS_DIR" &&
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+            -keyout ca.key -out ca.pem -days 30 -subj "/CN=Vigil dev CA" \
+            -addext "basicConstraints=critical,CA:TRUE" \
+            -addext "keyUsage=critical,keyCertSign,cRLSign" &&
+        issue_cert broker "/CN=localhost" \
+            $'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth' &&
+        issue_cert client "/CN=vigil-client" "extendedKeyUsage=clientAuth" &&
+        cat broker.key broker.pem ca.pem >broker-keystore.pem
+    ) >"$RUN_DIR/tls.log" 2>&1; then
+        cat "$RUN_DIR/tls.log" >&2
+        die "making the dev TLS certificates in $TLS_DIR failed"
+    fi
+    SASL_PASSWORD="$(head -c 32 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24)"
+    (umask 077 && printf '%s\n' "$SASL_PASSWORD" >"$SASL_PASSWORD_FILE")
+    cat >"$SECURITY_JSON" <<JSON
+{
+  "sasl_ssl": "$HOST:$KAFKA_SASL_SSL_PORT",
+  "ssl": "$HOST:$KAFKA_SSL_PORT",
+  "ssl_cafile": "$TLS_DIR/ca.pem",
+  "ssl_certfile": "$TLS_DIR/client.pem",
+  "ssl_keyfile": "$TLS_DIR/client.key",
+  "sasl_username": "$SASL_USER",
+  "sasl_password_file": "$SASL_PASSWORD_FILE"
+}
+JSON
+}
+
 write_server_properties() {
     sed -e "s|@KAFKA_PORT@|$KAFKA_PORT|g" \
         -e "s|@KAFKA_CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
+        -e "s|@KAFKA_SASL_SSL_PORT@|$KAFKA_SASL_SSL_PORT|g" \
+        -e "s|@KAFKA_SSL_PORT@|$KAFKA_SSL_PORT|g" \
+        -e "s|@KAFKA_TLS_DIR@|$(sed_escape "$TLS_DIR")|g" \
+        -e "s|@KAFKA_SASL_USER@|$SASL_USER|g" \
+        -e "s|@KAFKA_SASL_PASSWORD@|$SASL_PASSWORD|g" \
         -e "s|@KAFKA_DATA_DIR@|$(sed_escape "$RUN_DIR/data")|g" \
         "$TEMPLATE" >"$SERVER_PROPERTIES"
     if grep -q '@[A-Z_]*@' "$SERVER_PROPERTIES"; then
@@ -343,15 +409,16 @@ cmd_start() {
     local t0=$SECONDS
     find_java
     local port
-    for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+    for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_SSL_PORT" "$KAFKA_SSL_PORT"; do
         if port_open "$port"; then
-            die "$HOST:$port is already in use by another process; set KAFKA_PORT / KAFKA_CONTROLLER_PORT"
+            die "$HOST:$port is already in use by another process; set KAFKA_PORT / KAFKA_CONTROLLER_PORT / KAFKA_SASL_SSL_PORT / KAFKA_SSL_PORT"
         fi
     done
 
     prepare_cache
 
     reset_run_dir
+    make_credentials
     write_server_properties
 
     local cluster_id
@@ -359,7 +426,10 @@ cmd_start() {
     if ! "$JAVA" -Xshare:auto -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
             -Dlog4j2.configurationFile="$LOG4J_CONFIG" \
             -cp "$LIB_DIR/*" kafka.tools.StorageTool format --standalone \
-            -t "$cluster_id" -c "$SERVER_PROPERTIES" >"$RUN_DIR/format.log" 2>&1; then
+            -t "$cluster_id" -c "$SERVER_PROPERTIES" \
+            --add-scram "SCRAM-SHA-512=[name=$SASL_USER,password=$SASL_PASSWORD]" \
+            --add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]" \
+            >"$RUN_DIR/format.log" 2>&1; then
         cat "$RUN_DIR/format.log" >&2
         die "formatting the KRaft storage in $RUN_DIR/data failed"
     fi
@@ -399,6 +469,7 @@ cmd_start() {
     trap - INT TERM
 
     log "Apache Kafka $KAFKA_VERSION ready on $HOST:$KAFKA_PORT (controller $HOST:$KAFKA_CONTROLLER_PORT, pid $STARTING_PID, run dir $RUN_DIR) in $((SECONDS - t0))s"
+    log "secured listeners: SASL_SSL $HOST:$KAFKA_SASL_SSL_PORT, mutual TLS $HOST:$KAFKA_SSL_PORT (credentials: $SECURITY_JSON)"
     # The one line on stdout (logs go to stderr): callers such as `make test` stop the
     # broker afterwards only if this call started it.
     echo "started"
@@ -408,7 +479,13 @@ main() {
     [[ $# -eq 1 ]] || usage
     check_port_var KAFKA_PORT "$KAFKA_PORT"
     check_port_var KAFKA_CONTROLLER_PORT "$KAFKA_CONTROLLER_PORT"
-    [[ "$KAFKA_PORT" != "$KAFKA_CONTROLLER_PORT" ]] || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
+    KAFKA_SASL_SSL_PORT="${KAFKA_SASL_SSL_PORT:-$((KAFKA_PORT + 2))}"
+    KAFKA_SSL_PORT="${KAFKA_SSL_PORT:-$((KAFKA_PORT + 3))}"
+    check_port_var KAFKA_SASL_SSL_PORT "$KAFKA_SASL_SSL_PORT"
+    check_port_var KAFKA_SSL_PORT "$KAFKA_SSL_PORT"
+    local distinct
+    distinct="$(printf '%s\n' "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_SSL_PORT" "$KAFKA_SSL_PORT" | sort -u | wc -l)"
+    (( distinct == 4 )) || die "KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SASL_SSL_PORT and KAFKA_SSL_PORT must differ"
     [[ "$KAFKA_START_TIMEOUT" =~ ^[0-9]+$ ]] || die "KAFKA_START_TIMEOUT must be a number of seconds"
     KAFKA_VERSION="$(kafka_version)"
 
