@@ -174,11 +174,14 @@ class Metrics:
             registry=r,
         )
 
-    def start(self, rules: Mapping[str, str], pools: Mapping[str, Iterable[str]]) -> None:
-        """Create, at 0, every counter series whose labels are known at start-up: ``rules``
-        maps each rule's name to its kind, ``pools`` each offload pool's name to the job
-        kinds it runs (``Rule.offload_jobs``). Without this a counter's series appears only
-        with its first increment, already at 1, and alerts on ``increase()`` miss it."""
+    def start(
+        self, rules: Mapping[str, tuple[str, str]], pools: Mapping[str, Iterable[str]]
+    ) -> None:
+        """Create, at 0, every counter and histogram series whose labels are known at
+        start-up: ``rules`` maps each rule's name to its kind and backend, ``pools`` each
+        offload pool's name to the job kinds it runs (``Rule.offload_jobs``). Without this a
+        series appears only with its first observation, and ``rate()``, ``increase()`` and
+        the alerts built on them miss that one."""
         for reason in DEAD_LETTER_REASONS:
             self.dead_letters.labels(reason)
         for outcome in SNAPSHOT_OUTCOMES:
@@ -186,8 +189,9 @@ class Metrics:
         for outcome in UNROUTED_OUTCOMES:
             self.events.labels("", outcome)
         self.history_gaps.labels("")
-        for rule, kind in rules.items():
+        for rule, (kind, backend) in rules.items():
             self.history_gaps.labels(rule)
+            self.check_seconds.labels(rule, backend)
             outcomes = RULE_OUTCOMES.get(kind, DECISION_OUTCOMES)
             for outcome in outcomes:
                 self.events.labels(rule, outcome)
@@ -201,6 +205,7 @@ class Metrics:
             for reason in RESTART_REASONS:
                 self.worker_restarts.labels(pool, reason)
             for kind in kinds:
+                self.job_seconds.labels(pool, kind)
                 for outcome in JOB_OUTCOMES:
                     self.jobs.labels(pool, kind, outcome)
 

@@ -72,7 +72,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
     for rule in rules:
         for pool, kinds in rule.offload_jobs().items():
             pools.setdefault(pool, set()).update(kinds)
-    metrics.start({r.name: r.kind for r in rules}, pools)
+    metrics.start({r.name: (r.kind, r.backend) for r in rules}, pools)
     if config.kafka is not None:
         k = config.kafka
         security = k.security()

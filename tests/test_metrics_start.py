@@ -33,7 +33,12 @@ def _zero(samples: dict, name: str, **labels: str) -> bool:
     return samples.get((name, frozenset(labels.items()))) == 0
 
 
-RULES = {"fair": "ior", "verify": "reach", "knn": "certify", "explain": "cfx"}
+RULES = {
+    "fair": ("ior", "auto"),
+    "verify": ("reach", "reach"),
+    "knn": ("certify", "knn"),
+    "explain": ("cfx", "apas"),
+}
 POOLS = {"default": ["certify.knn", "cfx.apas"], "verify": ["reach.load", "reach.step"]}
 
 
@@ -76,6 +81,13 @@ def test_start_creates_the_known_counter_series_at_zero():
         if name == "vigil_offload_jobs_total"
     }
     assert jobs == {(pool, kind) for pool, kinds in POOLS.items() for kind in kinds}
+
+    # the latency histograms of every rule and job kind, with nothing observed
+    for rule, (_, backend) in RULES.items():
+        assert _zero(s, "vigil_check_seconds_count", rule=rule, backend=backend), rule
+    for pool, kinds in POOLS.items():
+        for kind in kinds:
+            assert _zero(s, "vigil_offload_job_seconds_count", pool=pool, kind=kind), kind
 
     # counters only carry values; nothing was counted
     counted = [

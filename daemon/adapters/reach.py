@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
@@ -98,6 +99,7 @@ class ReachRule(Rule):
     async def check(
         self, tp: TopicPartition, decisions: list[Decision], emit_from: int
     ) -> RuleResult:
+        started = time.perf_counter()
         result = RuleResult()
         self._fit_windows()
         dim = self._input_width()
@@ -118,6 +120,8 @@ class ReachRule(Rule):
         stack = x if window is None else np.vstack([window, x])
         self.windows[tp] = stack[-self.config.window :]
         result.checked = len(x)
+        # the step's verification is timed as a lane job (vigil_offload_job_seconds)
+        result.seconds = time.perf_counter() - started
         if decisions[-1].record.offset >= emit_from and self.model is not None:
             trigger = decisions[-1].record
             result.events.append(Answer.to(trigger, await self._step(trigger)))
