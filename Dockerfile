@@ -9,6 +9,7 @@
 # In a container set `[metrics] host = "0.0.0.0"` so the published port reaches
 # the endpoint, and keep `[state] dir` under /var/lib/vigil (the only directory
 # the vigil user can write; mount a volume there to keep snapshots).
+# The image includes the dask extra, so `[offload] engine = "dask"` works in it.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -18,7 +19,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /src
 COPY . .
-RUN pip install . \
+RUN pip install '.[dask]' \
     && useradd --system --home-dir /var/lib/vigil --create-home --shell /usr/sbin/nologin vigil
 
 USER vigil
