@@ -580,41 +580,30 @@ def _resolve_paths(config: Config, base: Path) -> Config:
     def fix(p: Path | None) -> Path | None:
         return p if p is None or p.is_absolute() else base / p
 
-    updates: dict = {"state": config.state.model_copy(update={"dir": fix(config.state.dir)})}
-    updates["outputs"] = config.outputs.model_copy(
-        update={
-            key: fix(getattr(config.outputs, key))
-            for key in (
-                "alerts_file",
-                "dead_letter_file",
-                "verifications_file",
-                "certifications_file",
-            )
-        }
-    )
-    updates["rules"] = [
-        r.model_copy(
-            update={
-                key: fix(getattr(r, key)) for key in ("onnx", "embedding_onnx") if hasattr(r, key)
-            }
+    def fixed(section: BaseModel, keys: tuple[str, ...]) -> BaseModel:
+        return section.model_copy(
+            update={k: fix(getattr(section, k)) for k in keys if hasattr(section, k)}
         )
-        for r in config.rules
-    ]
+
+    updates: dict = {
+        "state": fixed(config.state, ("dir",)),
+        "outputs": fixed(
+            config.outputs,
+            ("alerts_file", "dead_letter_file", "verifications_file", "certifications_file"),
+        ),
+        "rules": [fixed(r, ("onnx", "embedding_onnx")) for r in config.rules],
+    }
     if config.kafka is not None:
-        updates["kafka"] = config.kafka.model_copy(
-            update={
-                key: fix(getattr(config.kafka, key))
-                for key in (
-                    "ssl_cafile",
-                    "ssl_certfile",
-                    "ssl_keyfile",
-                    "ssl_key_password_file",
-                    "sasl_password_file",
-                )
-            }
+        updates["kafka"] = fixed(
+            config.kafka,
+            (
+                "ssl_cafile",
+                "ssl_certfile",
+                "ssl_keyfile",
+                "ssl_key_password_file",
+                "sasl_password_file",
+            ),
         )
     if config.files is not None:
-        updates["files"] = config.files.model_copy(
-            update={"decisions": fix(config.files.decisions)}
-        )
+        updates["files"] = fixed(config.files, ("decisions",))
     return config.model_copy(update=updates)

@@ -391,11 +391,19 @@ def test_a_group_starting_at_the_end_keeps_its_origin_across_a_restart(tmp_path)
 
 
 def test_example_configs_are_valid(tmp_path):
-    """Each example, where its comments say it runs: demo-files.toml after `vigil demo`."""
+    """Each example, where its comments say it runs: demo-files.toml after `vigil demo`,
+    vigil.toml with the systemd credential it names."""
     examples = tmp_path / "ops" / "examples"
     shutil.copytree(Path(__file__).parents[1] / "ops" / "examples", examples)
     (tmp_path / "vigil-demo").mkdir()
     (tmp_path / "vigil-demo" / "decisions.jsonl").write_bytes(b"")
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "kafka-sasl-password").write_text("a-password\n")
+    production = examples / "vigil.toml"
+    text = production.read_text()
+    assert "/run/credentials/vigil.service/kafka-sasl-password" in text
+    production.write_text(text.replace("/run/credentials/vigil.service", str(credentials)))
     paths = sorted(examples.glob("*.toml"))
     assert len(paths) >= 3
     for path in paths:
