@@ -55,14 +55,36 @@ class Decision:
     event: dict[str, Any]
 
 
+_LABEL_TYPES = (int, float, list)
+
+
 def decode_decision(record: Record) -> Decision:
-    """Parse and check the decision envelope; raises ``BadEvent`` naming what is wrong."""
+    """Parse and check the decision envelope; raises ``BadEvent`` naming what is wrong.
+
+    The common shape (``id``, ``model``, ``x``, ``y``, no ``features``) is accepted by one
+    test of exact types (orjson builds no subclasses, and ``type(v) is int`` excludes
+    booleans); anything else goes through ``_check_envelope``, which gives the errors."""
     if record.value is None:
         raise BadEvent("undecodable", "empty message (tombstone)")
     try:
         event = orjson.loads(record.value)
     except orjson.JSONDecodeError as e:
         raise _classify_undecodable(record.value, e) from None
+    if (
+        type(event) is dict
+        and type(x := event.get("x")) is list
+        and type(model := event.get("model")) is str
+        and type(ident := event.get("id")) in (int, str)
+        and type(y := event.get("y")) in _LABEL_TYPES
+        and "features" not in event
+    ):
+        return Decision(record, ident, model, x, y, event)
+    return _check_envelope(record, event)
+
+
+def _check_envelope(record: Record, event: Any) -> Decision:
+    """The decision in a parsed event, checked field by field; ``BadEvent`` names the first
+    problem found."""
     if not isinstance(event, dict):
         raise BadEvent("schema", f"expected a JSON object, got {type(event).__name__}")
     missing = [k for k in ("id", "model", "y") if k not in event]

@@ -13,6 +13,10 @@ from vigil.connectors.events import Record
 from vigil.connectors.kafka_security import KafkaSecurity, diagnose
 
 PLAINTEXT = KafkaSecurity()
+PARTITION_FETCH_BYTES = 4 << 20
+"""Bytes one fetch may bring per partition (aiokafka's default: 1 MiB). The consumer asks
+for more only once its buffer is drained, so a backlog is read in round trips of this size:
+4 MiB holds a few ``max_batch`` of decisions, and the loop rarely waits on the broker."""
 
 
 async def start_client(
@@ -71,6 +75,7 @@ class KafkaSource:
             # an idle partition (a drained requests topic) makes the broker hold the fetch
             # this long, and the busy partitions on that broker wait for it
             fetch_max_wait_ms=fetch_max_wait_ms,
+            max_partition_fetch_bytes=PARTITION_FETCH_BYTES,
         )
         self.group_id = group_id
         self._reset = auto_offset_reset

@@ -7,10 +7,15 @@ running job holds back wait in the outbox, since a crash before that commit repl
 record and answers it again. A delivery that fails leaves the checkpoint ``failed``: the
 read positions have already moved past answers that were not delivered, so nothing more may
 be committed or snapshotted; the restart replays from the last commit instead.
+
+``send`` does not wait for the delivery it starts, so the loop checks the next batch while
+the broker acknowledges this one; deliveries still run one at a time and in order (each
+waits for the previous), so every commit still follows the acknowledgement of its answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 
 from vigil.connectors.base import Offsets, Sink, Source, TopicPartition
@@ -26,8 +31,23 @@ class Checkpoint:
         self.sink = sink
         self.metrics = metrics
         self.committed: dict[TopicPartition, int] = {}
-        self.failed = False
+        self.error: BaseException | None = None  # of the delivery that failed
         self._outbox: dict[TopicPartition, list[Answer]] = defaultdict(list)
+        self._sending: Offsets = {}  # offsets the delivery under way commits
+        self._delivery: asyncio.Task | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def delivery(self) -> asyncio.Task | None:
+        """The delivery under way, if any."""
+        return self._delivery
+
+    def target(self, tp: TopicPartition) -> int:
+        """The partition's committed offset once the delivery under way is done."""
+        return self._sending.get(tp, self.committed.get(tp, 0))
 
     def assign(self, tp: TopicPartition, committed: int | None) -> None:
         self.committed[tp] = committed or 0
@@ -39,24 +59,54 @@ class Checkpoint:
         self._count_outbox()
 
     def due(self, positions: dict[TopicPartition, int]) -> Offsets:
-        """The positions (each already behind the partition's holds) that move a commit."""
-        return {tp: p for tp, p in positions.items() if p > self.committed.get(tp, 0)}
+        """The positions (each already behind the partition's holds) that move a commit
+        beyond what is committed or being committed."""
+        return {tp: p for tp, p in positions.items() if p > self.target(tp)}
 
     async def deliver(self, answers: list[Answer], offsets: Offsets) -> None:
         """Deliver ``answers``, then commit ``offsets`` (in one transaction where the sink
-        commits offsets itself)."""
+        commits offsets itself), and wait for both."""
+        await self.send(answers, offsets)
+        await self.settle()
+
+    async def send(self, answers: list[Answer], offsets: Offsets) -> None:
+        """Start delivering ``answers`` and committing ``offsets`` once the previous
+        delivery is done (its failure is raised here), without waiting for this one."""
+        if not answers and not offsets:
+            return
+        await self.settle()
         if self.sink.commits_offsets:
             answers = self._release(answers, offsets)
         if not answers and not offsets:
             return
+        self._sending.update(offsets)
+        self._delivery = asyncio.create_task(self._deliver(answers, offsets))
+
+    async def settle(self) -> None:
+        """Wait for the delivery under way, if any; raise the failure of any delivery."""
+        await self.wait()
+        if self.error is not None:
+            raise self.error
+
+    async def wait(self) -> None:
+        """Wait for the delivery under way, if any (a failure is kept in ``error``)."""
+        if self._delivery is not None:
+            delivery, self._delivery = self._delivery, None
+            await asyncio.wait([delivery])
+
+    async def _deliver(self, answers: list[Answer], offsets: Offsets) -> None:
         try:
             await self.sink.deliver([a.message for a in answers], offsets)
             if not self.sink.commits_offsets and offsets:
                 await self.source.commit(offsets)
-        except BaseException:
-            self.failed = True
+        except Exception as e:
+            self.error = e
+            return
+        except BaseException as e:
+            self.error = e
             raise
         self.committed.update(offsets)
+        self._sending.clear()
 
     def _release(self, answers: list[Answer], offsets: Offsets) -> list[Answer]:
         """The answers (new or waiting) to records that ``offsets`` commit, in record order;

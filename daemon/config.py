@@ -59,7 +59,7 @@ class KafkaConfig(_Section):
         default=None, description="fixed per instance so a restart fences its predecessor"
     )
     client_id: str = "vigil"
-    max_batch: Annotated[int, Field(ge=1)] = 2000
+    max_batch: Annotated[int, Field(ge=1)] = 5000
     fetch_timeout_ms: Annotated[int, Field(ge=1)] = 200
     fetch_max_wait_ms: Annotated[int, Field(ge=1)] = Field(
         default=20, description="how long the broker may hold a fetch for an idle partition"

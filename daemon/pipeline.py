@@ -86,6 +86,7 @@ class Pipeline:
 
     async def on_assign(self, tps: list[TopicPartition]) -> None:
         async with self._lock:
+            await self.checkpoint.wait()
             for tp in tps:
                 await self._recover(tp)
             self.metrics.assigned_partitions.set(len(self.source.assignment()))
@@ -139,6 +140,7 @@ class Pipeline:
 
     async def on_revoke(self, tps: list[TopicPartition]) -> None:
         async with self._lock:
+            await self.checkpoint.wait()  # commit what was answered before letting go
             for tp in tps:
                 if tp not in self._emit_from:
                     continue
@@ -179,8 +181,9 @@ class Pipeline:
             if self.fatal is not None:  # found by an assignment during the fetch
                 raise self.fatal
             if records:
-                await self.process(records, fetched_at)
+                await self._process(records, fetched_at)
             elif not any(r.in_flight() for r in self.rules):
+                await self._settle()
                 if until_idle:
                     break
                 async with self._lock:
@@ -190,6 +193,7 @@ class Pipeline:
                 await asyncio.sleep(_IDLE_POLL_SECONDS)
             await self.deliver_completed()
             await self._update_lag()
+        await self._settle()
 
     def _saturated(self) -> bool:
         return any(r.saturated() for r in self.rules)
@@ -229,10 +233,22 @@ class Pipeline:
     async def process(
         self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
     ) -> None:
-        """Check, emit and commit one fetched batch. ``fetched_at`` (the assignment count of
-        each partition when the fetch began) marks partitions (re)assigned meanwhile: their
-        records may predate the assignment's seek, so they are dropped and the partition is
-        sought back to where processing stands, to be read again in order."""
+        """Check, emit and commit one fetched batch, and wait for the delivery."""
+        await self._process(records, fetched_at)
+        await self._settle()
+
+    async def _settle(self) -> None:
+        async with self._lock:
+            await self.checkpoint.settle()
+
+    async def _process(
+        self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
+    ) -> None:
+        """Check one fetched batch and start its delivery and commit (the loop checks the
+        next batch meanwhile). ``fetched_at`` (the assignment count of each partition when
+        the fetch began) marks partitions (re)assigned meanwhile: their records may predate
+        the assignment's seek, so they are dropped and the partition is sought back to where
+        processing stands, to be read again in order."""
         started = time.perf_counter()
         async with self._lock:
             answers: list[Answer] = []
@@ -257,7 +273,7 @@ class Pipeline:
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
             offsets = self._commit_positions(list(positions))
-            await self.checkpoint.deliver(answers, offsets)
+            await self.checkpoint.send(answers, offsets)
             for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
@@ -365,10 +381,11 @@ class Pipeline:
                 continue
             # a rule restored from a newer snapshot skips records up to its own offset
             at = max(offset, self._apply_from.get((rule.name, tp), 0))
-            committed = self.checkpoint.committed.get(tp, 0)
+            committed = self.checkpoint.target(tp)
             key = (rule.name, tp)
             after = self._writes.get(key)
-            task = asyncio.create_task(self._write(key, at, blob, committed, after))
+            delivery = self.checkpoint.delivery
+            task = asyncio.create_task(self._write(key, at, blob, committed, after, delivery))
             self._writes[key] = task
             task.add_done_callback(partial(self._written, key))
         self._unsnapshotted[tp] = 0
@@ -381,12 +398,19 @@ class Pipeline:
         blob: bytes,
         committed: int,
         after: asyncio.Task | None,
+        delivery: asyncio.Task | None,
     ) -> None:
         """Write one snapshot once the previous write of the same rule and partition is done
-        (they would race on the same files). A failure is logged and counted: the state is
-        still in memory and the next snapshot, or a longer replay, covers it."""
+        (they would race on the same files) and the delivery under way when it was taken has
+        succeeded (else it would cover answers that never went out). A failure is logged and
+        counted: the state is still in memory and the next snapshot, or a longer replay,
+        covers it."""
         if after is not None:
             await after
+        if delivery is not None:
+            await asyncio.wait([delivery])
+        if self.failed:
+            return
         rule, tp = key
         started = time.perf_counter()
         try:
@@ -409,6 +433,7 @@ class Pipeline:
     async def snapshot_all(self) -> None:
         """Snapshot every assigned partition now and wait for the files."""
         async with self._lock:
+            await self.checkpoint.wait()
             for tp in list(self._emit_from):
                 self._snapshot_if_changed(tp)
             await self._flush_snapshots()
