@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
@@ -10,7 +11,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from vigil.connectors.events import Record
-from vigil.connectors.kafka_security import KafkaSecurity, diagnose
+from vigil.connectors.kafka_security import BrokerUnavailable, KafkaSecurity, diagnose
 
 PLAINTEXT = KafkaSecurity()
 PARTITION_FETCH_BYTES = 4 << 20
@@ -206,3 +207,67 @@ async def topic_partitions(
         }
     finally:
         await consumer.stop()
+
+
+async def read_committed(
+    servers: str,
+    topic: str,
+    security: KafkaSecurity = PLAINTEXT,
+    idle_timeout: float = 30.0,
+) -> list[Record]:
+    """Every committed record of ``topic`` below the end offsets (the last stable offsets,
+    under read_committed) found when reading starts, by partition then offset: a one-off
+    read, in no consumer group, so nothing is committed. Raises ``ValueError`` for a topic
+    that does not exist (without creating it), ``BrokerRejected`` or ``BrokerUnavailable``
+    when connecting fails, ``BrokerUnavailable`` when no partition moves for
+    ``idle_timeout`` seconds."""
+    where = f"kafka://{servers}/{topic}"
+    consumer = AIOKafkaConsumer(
+        **security.client_options(),
+        bootstrap_servers=servers,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    await start_client(consumer, servers, security)
+    try:
+        if topic not in await consumer.topics():  # checked first: subscribing could create it
+            raise ValueError(f"{where}: no such topic")
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + idle_timeout
+        while not consumer.assignment():
+            if time.monotonic() > deadline:
+                raise BrokerUnavailable(f"{where}: no partitions after {idle_timeout:.0f} s")
+            await asyncio.sleep(0.02)
+        partitions = sorted(consumer.assignment())
+        await consumer.seek_to_beginning(*partitions)
+        end = await consumer.end_offsets(partitions)
+        return await _drain(consumer, end, where, idle_timeout)
+    finally:
+        await consumer.stop()
+
+
+async def _drain(
+    consumer: AIOKafkaConsumer, end: dict[KafkaTP, int], where: str, idle: float
+) -> list[Record]:
+    """Fetch until every partition's position reaches its end offset (control records and
+    aborted batches count: the position moves past them)."""
+    records: list[Record] = []
+    positions = {tp: await consumer.position(tp) for tp in end}
+    progress = time.monotonic()
+    while any(positions[tp] < end[tp] for tp in end):
+        pending = [tp for tp in end if positions[tp] < end[tp]]
+        batches = await consumer.getmany(*pending, timeout_ms=200)
+        for tp, messages in batches.items():
+            records += [
+                Record(m.topic, m.partition, m.offset, m.value, m.key)
+                for m in messages
+                if m.offset < end[tp]
+            ]
+        moved = {tp: await consumer.position(tp) for tp in pending}
+        if any(moved[tp] != positions[tp] for tp in pending):
+            progress = time.monotonic()
+        elif time.monotonic() - progress > idle:
+            raise BrokerUnavailable(f"{where}: no records for {idle:.0f} s before the end offsets")
+        positions.update(moved)
+    return sorted(records, key=lambda r: (r.partition, r.offset))

@@ -313,6 +313,24 @@ def replay(ctx: Ctx, command: str) -> str:
     )
 
 
+def report(ctx: Ctx, command: str) -> str:
+    """README's report of the quick start's alerts (that replay runs first when its
+    alerts.jsonl is not in the copy): the summary line counts them and the stream, and the
+    page lists each flagged decision's witnesses."""
+    if not (ctx.copy / "alerts.jsonl").exists():
+        quick_start = next(
+            c for c, e in COMMANDS.items() if isinstance(e, Run) and e.check is replay
+        )
+        replay(ctx, quick_start)
+    alerts = json_lines((ctx.copy / "alerts.jsonl").read_text())
+    (summary,) = json_lines(ok(sh(command, ctx.copy)).stdout)
+    page = (ctx.copy / "report.html").read_text()
+    expected = {"out": "report.html", "alerts": len(alerts), "decisions": PRODUCED}
+    assert summary == {**expected, "bytes": len(page.encode())}, summary
+    assert page.count("<ul><li>") == len(alerts) and "https://" not in page
+    return f"{len(alerts)} alerts, {PRODUCED} decisions, report.html {summary['bytes']} bytes"
+
+
 def make_kafka_start(ctx: Ctx, command: str) -> str:
     host, port = ctx.need_broker().rsplit(":", 1)
     if host != "127.0.0.1":
@@ -847,6 +865,10 @@ COMMANDS: dict[str, Run | Excused] = {
     "make test": Excused("the whole suite, which runs this file"),
     ".venv/bin/vigil replay daemon/data/compas-stream.csv --decision-column prediction "
     "--drop-columns label --metric linf --eps 0.04 --alerts-out alerts.jsonl": Run(replay),
+    ".venv/bin/vigil report alerts.jsonl --decisions daemon/data/compas-stream.csv "
+    "--decision-column prediction --drop-columns label --out report.html": Run(
+        report, "after the quick start's replay (run first if its alerts.jsonl is missing)"
+    ),
     f".venv/bin/vigil check-config {DEV_CONFIG}": Run(dev_example, "the test broker's config"),
     f".venv/bin/vigil run --config {DEV_CONFIG} &": Run(dev_example, "the test broker's config"),
     ".venv/bin/python ops/demo-producer.py --bootstrap 127.0.0.1:9092": Run(

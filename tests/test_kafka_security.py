@@ -14,6 +14,7 @@ import tomllib
 import types
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tests.daemon_harness import (
@@ -120,6 +121,19 @@ async def test_daemon_over_a_secured_listener_exactly_once(
     log = daemon.log_text()
     secret = _password(kafka_security)
     assert secret not in log and secret not in metrics
+
+    # the auditor's report reads the alert topic with the same configuration
+    report = subprocess.run(
+        [
+            sys.executable, "-m", "vigil.daemon.cli", "report",
+            f"kafka://{listener}/{daemon.alerts_topic}",
+            "--config", str(tmp_path / "vigil.toml"), "--out", str(tmp_path / "report.html"),
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert orjson.loads(report.stdout)["alerts"] == len(expected)
+    assert secret not in report.stdout + report.stderr
 
 
 def test_check_config_connect_reports_topics_per_mechanism(

@@ -17,10 +17,18 @@ GROUP = None
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="stream a CSV of decisions through the i.o.r. monitor")
     p.add_argument("stream", type=Path, help="CSV with a header row, one decision per row")
+    add_column_options(p)
+    _add_monitor_options(p)
+    p.set_defaults(handler=_replay)
+
+
+def add_column_options(p: argparse._ActionsContainer, required: bool = True) -> None:
+    """How a CSV stream's columns are read: shared with ``vigil report``, which reads the
+    stream the alerts came from as the replay did (there only for a CSV, so not required)."""
     p.add_argument(
         "--decision-column",
         nargs="+",
-        required=True,
+        required=required,
         metavar="COLUMN",
         help="the model's output: one label column, or several probability columns",
     )
@@ -47,8 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="multiply a feature before distances are taken",
     )
     p.add_argument("--id-column", help="column naming each decision (default: its row number)")
-    _add_monitor_options(p)
-    p.set_defaults(handler=_replay)
 
 
 def _replay(args: argparse.Namespace) -> int:
