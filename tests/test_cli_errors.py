@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.cli_support import cli_error
 from vigil.daemon.cli import main
 from vigil.rules.reach.network import Network
 
@@ -26,16 +27,6 @@ def model(tmp_path):
     return path
 
 
-def _error(capsys, argv: list[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse refuses an argument
-        code = e.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -46,7 +37,7 @@ def _error(capsys, argv: list[str]) -> tuple[int, str]:
     ],
 )
 def test_explain_checks_bounds_and_output_before_working(capsys, tmp_path, model, args, message):
-    code, err = _error(
+    code, err = cli_error(
         capsys, ["explain", "--model", str(model), "--x", str(tmp_path / "x.npy"), *args]
     )
     assert code == 2 and message in err
@@ -61,7 +52,7 @@ def test_explain_writes_the_output_name_it_was_given(capsys, tmp_path, model):
 
 def test_an_empty_array_file_is_named(capsys, tmp_path, model):
     (tmp_path / "empty.npy").write_bytes(b"")
-    code, err = _error(
+    code, err = cli_error(
         capsys, ["certify", "cfx", "--model", str(model), "--cfx", str(tmp_path / "empty.npy")]
     )
     assert code == 2 and f"--cfx {tmp_path / 'empty.npy'}: not a .npy array" in err
@@ -91,5 +82,5 @@ def test_replay_refuses_a_ratio_threshold_that_would_hide_every_alert(capsys, tm
     stream = tmp_path / "s.csv"
     stream.write_text("p,a\n0,1\n1,1\n")
     argv = ["replay", str(stream), "--decision-column", "p", "--eps", "1"]
-    code, err = _error(capsys, [*argv, "--ratio-threshold", value])
+    code, err = cli_error(capsys, [*argv, "--ratio-threshold", value])
     assert code == 2 and "--ratio-threshold: expected a finite number >= 0" in err

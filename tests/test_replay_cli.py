@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.cli_support import run_cli
 from tests.conftest import load_stream
 from tests.onnx_models import forward, mlp
 from tests.oracle import largest_ratios, window_starts, witness_sets
@@ -20,15 +21,6 @@ from vigil.daemon.cli import main
 from vigil.daemon.demo import bundled_stream
 
 DEMO = bundled_stream()
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vigil.daemon.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def replay_demo(*args: str) -> subprocess.CompletedProcess:

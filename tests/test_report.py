@@ -9,7 +9,6 @@ import csv
 import json
 import re
 import subprocess
-import sys
 import uuid
 from html.parser import HTMLParser
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import NamedTuple
 import orjson
 import pytest
 
+from tests.cli_support import cli_error, run_cli
 from tests.conftest import load_stream
 from vigil.connectors.kafka import read_committed
 from vigil.daemon.cli import main
@@ -25,15 +25,6 @@ from vigil.daemon.demo import bundled_stream, write_decision_events
 
 DEMO = bundled_stream()
 COLUMNS = ("--decision-column", "prediction", "--drop-columns", "label")
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vigil.daemon.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -294,16 +285,6 @@ def test_decision_events_give_the_same_features(compas, tmp_path):
 # -- errors ----------------------------------------------------------------------------------------
 
 
-def _error(capsys, argv: list[str]) -> tuple[int, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse refuses an argument
-        code = e.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err
-
-
 def _alert(ident: int = 1) -> bytes:
     return orjson.dumps(
         {
@@ -331,7 +312,7 @@ def test_a_bad_alert_line_is_named_with_its_file(tmp_path, capsys, lines, said):
     path = tmp_path / "alerts.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     out = tmp_path / "r.html"
-    code, err = _error(capsys, ["report", str(path), "--out", str(out)])
+    code, err = cli_error(capsys, ["report", str(path), "--out", str(out)])
     assert code == 2
     assert err == f"vigil report: error: {path}, {said}" + err.split(said, 1)[1]
     assert err.count("\n") == 1 and not out.exists()
@@ -342,12 +323,12 @@ def test_a_bad_decision_line_is_named_with_its_file(tmp_path, capsys):
     alerts.write_bytes(_alert(1) + b"\n")
     events = tmp_path / "decisions.jsonl"
     events.write_bytes(b'{"id": 0, "model": "m", "x": [1], "y": 0}\n{"id": 1, "model": "m"}\n')
-    code, err = _error(capsys, ["report", str(alerts), "--decisions", str(events), "--out",
+    code, err = cli_error(capsys, ["report", str(alerts), "--decisions", str(events), "--out",
                                 str(tmp_path / "r.html")])  # fmt: skip
     assert code == 2 and f"{events}, line 2: missing field(s): y, x (or features)" in err
     stream = tmp_path / "stream.csv"
     stream.write_text("prediction,label,a\n1,0,0.5\n0,1,oops\n")
-    code, err = _error(capsys, ["report", str(alerts), "--decisions", str(stream), *COLUMNS,
+    code, err = cli_error(capsys, ["report", str(alerts), "--decisions", str(stream), *COLUMNS,
                                 "--out", str(tmp_path / "r.html")])  # fmt: skip
     assert code == 2 and f"{stream}, line 3, column 'a': 'oops' is not a number" in err
 
@@ -363,18 +344,18 @@ def test_a_bad_decision_line_is_named_with_its_file(tmp_path, capsys):
 def test_column_options_must_fit_the_stream(tmp_path, capsys, args, said):
     alerts = tmp_path / "alerts.jsonl"
     alerts.write_bytes(_alert(1) + b"\n")
-    code, err = _error(capsys, ["report", str(alerts), *args, "--out", str(tmp_path / "r.html")])
+    code, err = cli_error(capsys, ["report", str(alerts), *args, "--out", str(tmp_path / "r.html")])
     assert code == 2 and said in err and err.count("\n") == 1
 
 
 def test_a_missing_file_and_an_unreachable_broker(tmp_path, capsys):
     out = str(tmp_path / "r.html")
-    code, err = _error(capsys, ["report", str(tmp_path / "none.jsonl"), "--out", out])
+    code, err = cli_error(capsys, ["report", str(tmp_path / "none.jsonl"), "--out", out])
     assert code == 2 and "none.jsonl: no such file" in err
-    code, err = _error(capsys, ["report", "kafka://127.0.0.1:1/alerts", "--out", out])
+    code, err = cli_error(capsys, ["report", "kafka://127.0.0.1:1/alerts", "--out", out])
     assert code == 1 and "cannot reach the Kafka broker at 127.0.0.1:1: 127.0.0.1:1:" in err
     assert err.count("\n") == 1
-    code, err = _error(capsys, ["report", "kafka://127.0.0.1:1", "--out", out])
+    code, err = cli_error(capsys, ["report", "kafka://127.0.0.1:1", "--out", out])
     assert code == 2 and "expected kafka://HOST:PORT/TOPIC" in err
 
 
@@ -458,6 +439,6 @@ def test_kafka_reader_refuses_a_missing_topic_without_creating_it(
 ):
     topic = f"vigil.report.none.{uuid.uuid4().hex[:8]}"
     out = str(tmp_path / "r.html")
-    code, err = _error(capsys, ["report", f"kafka://{kafka_bootstrap}/{topic}", "--out", out])
+    code, err = cli_error(capsys, ["report", f"kafka://{kafka_bootstrap}/{topic}", "--out", out])
     assert code == 2 and f"{topic}: no such topic" in err
     assert topic not in asyncio.run(_topics(kafka_bootstrap))

@@ -17,7 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.test_report import COLUMNS, DEMO, ok, replay, run_cli
+from tests.cli_support import run_cli
+from tests.test_report import COLUMNS, DEMO, ok, replay
 
 CHROMIUM = shutil.which("chromium")
 if CHROMIUM is None:
