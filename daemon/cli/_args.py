@@ -81,3 +81,34 @@ def scheduler(text: str) -> str:
         return scheduler_address(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def add_cluster_options(
+    p: argparse.ArgumentParser, runs: str, chunk_size: int, per_task: str
+) -> None:
+    """``--scheduler`` (run the work on a Dask cluster's workers: ``runs``) and
+    ``--chunk-size`` (``per_task``, default ``chunk_size``)."""
+    p.add_argument(
+        "--scheduler",
+        type=scheduler,
+        metavar="tcp://HOST:PORT",
+        help=f"{runs} (same results as a local run)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=positive_int,
+        default=chunk_size,
+        metavar="N",
+        help=f"with --scheduler: {per_task} (default {chunk_size})",
+    )

@@ -11,7 +11,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from vigil.daemon.cli._args import out_path, scheduler
+from vigil.daemon.cli._args import add_cluster_options, out_path
 from vigil.daemon.offload import ClusterError, DaskCluster
 from vigil.rules.certify.knn import (
     VARIANTS,
@@ -94,26 +94,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "for the label and individual variants; exit 1 if anything certified is not truly fair",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument(
-        "--scheduler",
-        type=scheduler,
-        metavar="tcp://HOST:PORT",
-        help="learn and certify on this Dask cluster's workers: one task learns, then one "
-        "task per chunk of inputs certifies (same results as a local run)",
-    )
-    p.add_argument(
-        "--chunk-size",
-        type=int,
-        default=CHUNK_SIZE,
-        metavar="N",
-        help=f"with --scheduler: inputs per task (default {CHUNK_SIZE})",
+    add_cluster_options(
+        p,
+        "learn and certify on this Dask cluster's workers: one task learns, then one "
+        "task per chunk of inputs certifies",
+        CHUNK_SIZE,
+        "inputs per task",
     )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.chunk_size < 1:
-        raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     table = read_csv(args.train, args.sep)
     features, labels = split_target(table, args.target)
     learning = (

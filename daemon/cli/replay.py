@@ -106,7 +106,7 @@ def _add_monitor_options(p: argparse.ArgumentParser) -> None:
         "--backend",
         type=backend,
         default="auto",
-        help=f"one of {', '.join(sorted(BACKENDS))}; parallel[:blocks[:inner]]",
+        help=f"one of {', '.join(sorted(BACKENDS))}; parallel[:blocks[:inner[:workers]]]",
     )
     p.add_argument("--batch-size", type=int, default=4096, help="decisions checked together")
     p.add_argument(

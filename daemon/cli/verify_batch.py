@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from vigil.daemon.cli._args import load_npy, out_path, scheduler, seed
+from vigil.daemon.cli._args import add_cluster_options, load_npy, out_path, seed
 from vigil.daemon.offload import ClusterError, DaskCluster
 from vigil.rules.certify.batch import (
     BOUNDS,
@@ -72,19 +72,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", type=out_path, metavar="verdicts.jsonl", help="one JSON line per input")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument(
-        "--scheduler",
-        type=scheduler,
-        metavar="tcp://HOST:PORT",
-        help="run the verification on this Dask cluster's workers, one task per chunk of a "
-        "label's inputs (same verdicts as a local run)",
-    )
-    p.add_argument(
-        "--chunk-size",
-        type=int,
-        default=CHUNK_SIZE,
-        metavar="N",
-        help=f"with --scheduler: most inputs of one label per task (default {CHUNK_SIZE})",
+    add_cluster_options(
+        p,
+        "run the verification on this Dask cluster's workers, one task per chunk of a "
+        "label's inputs",
+        CHUNK_SIZE,
+        "most inputs of one label per task",
     )
     p.set_defaults(handler=run)
 
@@ -98,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--inputs: expected an (n, d) array, got shape {inputs.shape}")
     if not args.bound_time > 0:
         raise ValueError(f"--bound-time must be positive, got {args.bound_time}")
-    if args.chunk_size < 1:
-        raise ValueError(f"--chunk-size must be >= 1, got {args.chunk_size}")
     model = args.model.read_bytes()
     x = inputs.reshape(len(inputs), -1) if inputs.ndim > 2 else inputs
     options = {
