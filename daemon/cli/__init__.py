@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import pkgutil
 import sys
 
@@ -48,6 +49,9 @@ def _command(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # a failed Kafka connection is our one error line, not also aiokafka's unconfigured log
+    # lines (with `vigil run`'s logging configured they still reach the log)
+    logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     try:
         return args.handler(args)
     except (StreamFormatError, InvalidDecision, ValueError, BrokerRejected) as e:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 from pathlib import Path
 
 from vigil.connectors.kafka import topic_partitions
@@ -53,7 +52,6 @@ def _connect(config: Config, inputs: list[str]) -> None:
         outputs.append(out.verifications_topic)
     if kinds & {"certify", "cfx"}:
         outputs.append(out.certifications_topic)
-    logging.getLogger("aiokafka").addHandler(logging.NullHandler())  # errors: our one line
     found = asyncio.run(topic_partitions(k.bootstrap_servers, inputs + outputs, security))
     print(f"connected to {k.bootstrap_servers} ({security.describe()})")
     for role, names in (("reads", inputs), ("writes", outputs)):
