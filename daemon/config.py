@@ -280,6 +280,25 @@ class MetricsConfig(_Section):
 
 
 class StateConfig(_Section):
+    store: Literal["file", "kafka"] = Field(
+        default="file",
+        description="where snapshots live: the local dir (one host's copy), or a compacted "
+        "Kafka topic, so a partition's state moves with it to any instance ([kafka] only)",
+    )
+    topic: str | None = Field(
+        default=None,
+        min_length=1,
+        description='the state topic of store = "kafka" (default: "<group_id>-state"); '
+        "created compacted if missing",
+    )
+    chunk_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=512 << 10,
+        description="largest state record value; must fit the topic's max.message.bytes",
+    )
+    max_segments: Annotated[int, Field(ge=0)] = Field(
+        default=32,
+        description="segments written after a base before the next snapshot is a new base",
+    )
     dir: Path = Path("vigil-state")
     snapshot_every_events: Annotated[int, Field(ge=1)] = 100_000
     snapshot_every_seconds: Annotated[float, Field(gt=0)] = 60.0
@@ -289,6 +308,10 @@ class StateConfig(_Section):
         description="a rule's history lacks records retention deleted: flag its alerts "
         "(history_complete = false) or stop the daemon",
     )
+
+    def topic_for(self, group_id: str) -> str:
+        """The state topic of a consumer group (one per group: its instances share it)."""
+        return self.topic or f"{group_id}-state"
 
 
 class ShutdownConfig(_Section):
@@ -485,6 +508,8 @@ class Config(_Section):
             )
         if self.files is not None:
             self._check_files()
+        if self.state.store == "file" and self.state.topic is not None:
+            raise ValueError('state.topic is only used with state.store = "kafka"')
         return self
 
     def _check_files(self) -> None:
@@ -496,6 +521,8 @@ class Config(_Section):
         for key, used in needed.items():
             if used and getattr(self.outputs, key) is None:
                 raise ValueError(f"[files] with these rules needs outputs.{key}")
+        if self.state.store == "kafka":
+            raise ValueError('state.store = "kafka" needs the [kafka] source, not [files]')
         for r in self.rules:
             if r.topic != self.files.topic or getattr(r, "models_topic", None):
                 raise ValueError(

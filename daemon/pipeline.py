@@ -29,10 +29,10 @@ from vigil.connectors.events import (
     encode,
     now_iso,
 )
-from vigil.daemon.adapters import Answer, Rule, RuleResult
+from vigil.daemon.adapters import Answer, Rule, RuleResult, StatePart
 from vigil.daemon.checkpoint import Checkpoint
 from vigil.daemon.metrics import Metrics
-from vigil.daemon.state import Restored, SnapshotStore, restore_partition
+from vigil.daemon.state import Restored, StateStore, restore_partition
 
 log = structlog.get_logger("vigil.pipeline")
 _IDLE_POLL_SECONDS = 0.01
@@ -58,7 +58,7 @@ class Pipeline:
         rules: list[Rule],
         source: Source,
         sink: Sink,
-        store: SnapshotStore,
+        store: StateStore,
         metrics: Metrics,
         settings: PipelineSettings,
     ) -> None:
@@ -154,6 +154,8 @@ class Pipeline:
                 self.metrics.forget_partition(*tp, [r.name for r in self._rules_for(tp[0])])
                 log.info("partition_revoked", topic=tp[0], partition=tp[1])
             await self._flush_snapshots()
+            for tp in tps:
+                self.store.close(tp)
             self.metrics.assigned_partitions.set(len(self.source.assignment()))
 
     def ready(self) -> bool:
@@ -376,8 +378,8 @@ class Pipeline:
         if offset is None or self.failed:
             return
         for rule in self._rules_for(tp[0]):
-            blob = rule.snapshot(tp)
-            if blob is None:
+            part = self.store.take(rule.name, tp, partial(rule.snapshot, tp))
+            if part is None:
                 continue
             # a rule restored from a newer snapshot skips records up to its own offset
             at = max(offset, self._apply_from.get((rule.name, tp), 0))
@@ -385,7 +387,7 @@ class Pipeline:
             key = (rule.name, tp)
             after = self._writes.get(key)
             delivery = self.checkpoint.delivery
-            task = asyncio.create_task(self._write(key, at, blob, committed, after, delivery))
+            task = asyncio.create_task(self._write(key, at, part, committed, after, delivery))
             self._writes[key] = task
             task.add_done_callback(partial(self._written, key))
         self._unsnapshotted[tp] = 0
@@ -395,7 +397,7 @@ class Pipeline:
         self,
         key: tuple[str, TopicPartition],
         offset: int,
-        blob: bytes,
+        part: StatePart,
         committed: int,
         after: asyncio.Task | None,
         delivery: asyncio.Task | None,
@@ -403,19 +405,21 @@ class Pipeline:
         """Write one snapshot once the previous write of the same rule and partition is done
         (they would race on the same files) and the delivery under way when it was taken has
         succeeded (else it would cover answers that never went out). A failure is logged and
-        counted: the state is still in memory and the next snapshot, or a longer replay,
-        covers it."""
+        counted: the state is still in memory and the next snapshot (a base, as segments
+        would continue what was not written), or a longer replay, covers it."""
         if after is not None:
             await after
         if delivery is not None:
             await asyncio.wait([delivery])
-        if self.failed:
-            return
         rule, tp = key
+        if self.failed:
+            self.store.forget(rule, tp)
+            return
         started = time.perf_counter()
         try:
-            await asyncio.to_thread(self.store.save, rule, tp, offset, blob, committed)
+            await self.store.save(rule, tp, offset, part, committed)
         except Exception as e:
+            self.store.forget(rule, tp)
             log.error("snapshot_write_failed", rule=rule, tp=tp, offset=offset, error=repr(e))
             self.metrics.snapshots.labels("failed").inc()
             return

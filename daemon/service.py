@@ -18,7 +18,8 @@ from vigil.daemon.http import OpsServer
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import DaskCluster, OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
-from vigil.daemon.state import SnapshotStore
+from vigil.daemon.state import FileStore, KafkaStore, StateStore
+from vigil.daemon.state.kafka_store import StateTopicError
 
 log = structlog.get_logger("vigil")
 
@@ -92,6 +93,17 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         )
         sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security)
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms
+        store: StateStore = FileStore(config.state.dir, config.state.keep)
+        if config.state.store == "kafka":
+            store = KafkaStore(
+                k.bootstrap_servers,
+                config.state.topic_for(k.group_id),
+                sorted({t for r in rules for t in r.topics if r.stateful}),
+                security,
+                config.state.chunk_bytes,
+                config.state.max_segments,
+                k.client_id,
+            )
     else:
         f = config.files
         source = JsonLinesSource(f.decisions, f.topic, config.state.dir / "file-offsets.json")
@@ -103,6 +115,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         }
         sink = JsonLinesSink({topic: path for topic, path in files.items() if path is not None})
         max_batch, timeout = f.max_batch, 100  # the wait at the end of the file
+        store = FileStore(config.state.dir, config.state.keep)
     settings = PipelineSettings(
         dead_letter_topic=out.dead_letter_topic,
         max_batch=max_batch,
@@ -111,7 +124,6 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         snapshot_every_seconds=config.state.snapshot_every_seconds,
         fail_on_history_gap=config.state.on_history_gap == "fail",
     )
-    store = SnapshotStore(config.state.dir, config.state.keep)
     return Pipeline(rules, source, sink, store, metrics, settings)
 
 
@@ -133,8 +145,9 @@ async def run_daemon(
         await server.start()
     try:
         await pipeline.sink.start()
+        await pipeline.store.start()
         await pipeline.source.start(pipeline.on_assign, pipeline.on_revoke)
-    except (BrokerUnavailable, BrokerRejected):
+    except (BrokerUnavailable, BrokerRejected, StateTopicError):
         await _close(pipeline, server)
         for rule in pipeline.rules:
             rule.close()
@@ -180,6 +193,7 @@ async def _shutdown(pipeline: Pipeline, server: OpsServer | None, drain_seconds:
 
 async def _close(pipeline: Pipeline, server: OpsServer | None) -> None:
     await pipeline.source.stop()
+    await pipeline.store.stop()
     await pipeline.sink.stop()
     if server:
         await server.stop()

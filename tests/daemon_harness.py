@@ -37,9 +37,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def decision_events(x: np.ndarray, y: np.ndarray, model: str) -> list[bytes]:
+def decision_events(x: np.ndarray, y: np.ndarray, model: str, prefix: str = "d") -> list[bytes]:
+    """Decision events with ids ``<prefix><row>``."""
     return [
-        orjson.dumps({"id": f"d{i}", "model": model, "x": x[i].tolist(), "y": int(y[i])})
+        orjson.dumps({"id": f"{prefix}{i}", "model": model, "x": x[i].tolist(), "y": int(y[i])})
         for i in range(len(x))
     ]
 
@@ -50,13 +51,13 @@ def witness_map(alerts: list[dict]) -> dict[str, list[str]]:
 
 
 def expected_alerts(
-    x: np.ndarray, y: np.ndarray, eps: float, first: int = 0
+    x: np.ndarray, y: np.ndarray, eps: float, first: int = 0, prefix: str = "d"
 ) -> dict[str, list[str]]:
     """Offline result: decision id -> witness ids (what `vigil replay` computes), for the
-    stream of decisions ``first`` and after."""
+    stream of decisions ``first`` and after (ids as ``decision_events`` makes them)."""
     monitor = Monitor(MonitorSpec(dim=x.shape[1], eps=eps))
-    w = monitor.check_batch(x[first:], y[first:], [f"d{i}" for i in range(first, len(x))])
-    return {f"d{first + i}": monitor.ids(w.of(int(i))[0]) for i in w.flagged}
+    w = monitor.check_batch(x[first:], y[first:], [f"{prefix}{i}" for i in range(first, len(x))])
+    return {f"{prefix}{first + i}": monitor.ids(w.of(int(i))[0]) for i in w.flagged}
 
 
 @dataclass
@@ -73,6 +74,9 @@ class Daemon:
     auto_offset_reset: str = "earliest"
     listener: str | None = None  # the daemon's bootstrap address, if not ``bootstrap``
     kafka_settings: str = ""  # more [kafka] keys (TOML): TLS and SASL
+    client_id: str = "vigil"  # distinct per instance of one group on this host (exactly-once)
+    state_settings: str = ""  # more [state] keys (TOML), e.g. the snapshot store
+    partitions: int = 1  # of the decisions topic, when this run creates it
     log_level: str = "info"
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     proc: subprocess.Popen | None = None
@@ -108,6 +112,7 @@ class Daemon:
 bootstrap_servers = "{self.listener or self.bootstrap}"
 {self.kafka_settings}
 group_id = "vigil-{self.tag}"
+client_id = "{self.client_id}"
 exactly_once = {str(self.exactly_once).lower()}
 fetch_timeout_ms = 100
 session_timeout_ms = 6000
@@ -130,6 +135,7 @@ port = {self.port}
 dir = "state"
 snapshot_every_events = {self.snapshot_every_events}
 snapshot_every_seconds = 3600
+{self.state_settings}
 
 [shutdown]
 deadline_seconds = 20
@@ -168,7 +174,11 @@ backend = "auto"
             await admin.start()
             try:
                 existing = set(await admin.list_topics())
-                new = [NewTopic(n, 1, 1) for n in names if n not in existing]
+                new = [
+                    NewTopic(n, self.partitions if n == self.topic else 1, 1)
+                    for n in names
+                    if n not in existing
+                ]
                 if new:
                     await admin.create_topics(new)
             finally:
@@ -212,14 +222,20 @@ backend = "auto"
 
 
 async def produce(
-    bootstrap: str, topic: str, values: list[bytes], key: bytes = b"compas", pace: float = 0.0
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    key: bytes = b"compas",
+    pace: float = 0.0,
+    partition: int | None = None,
 ) -> None:
-    """Send values in order; with ``pace``, in groups of 20 with that many seconds between."""
+    """Send values in order (to ``partition``, or where the key hashes); with ``pace``, in
+    groups of 20 with that many seconds between."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
     await producer.start()
     try:
         for i, v in enumerate(values):
-            await producer.send(topic, v, key=key)
+            await producer.send(topic, v, key=key, partition=partition)
             if pace and i % 20 == 19:
                 await producer.flush()
                 await asyncio.sleep(pace)

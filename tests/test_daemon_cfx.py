@@ -21,7 +21,7 @@ from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.service import run_daemon
-from vigil.daemon.state import SnapshotStore
+from vigil.daemon.state import FileStore
 from vigil.rules.certify.cfx.certify import certify_rows
 from vigil.rules.reach.network import Network
 
@@ -119,7 +119,7 @@ async def test_exactly_once_alerts_behind_a_running_cfx_job_wait_for_its_commit(
     rules = [IorRule(config.rules[0]), CfxRule(config.rules[1], context)]
     source, sink = MemorySource("t", values), MemorySink(commits_offsets=True)
     settings = PipelineSettings("dead", fetch_timeout_ms=10)
-    pipeline = Pipeline(rules, source, sink, SnapshotStore(tmp_path), metrics, settings)
+    pipeline = Pipeline(rules, source, sink, FileStore(tmp_path), metrics, settings)
     try:
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.process(await source.fetch(100, 0))

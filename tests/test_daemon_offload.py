@@ -20,7 +20,7 @@ from vigil.daemon.config import parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
-from vigil.daemon.state import SnapshotStore
+from vigil.daemon.state import FileStore
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ async def test_requests_commit_only_after_their_results_are_delivered(tmp_path, 
     ]
     source, sink = MemorySource("requests", values), MemorySink()
     settings = PipelineSettings("dead", fetch_timeout_ms=10)
-    pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), context.metrics, settings)
+    pipeline = Pipeline([rule], source, sink, FileStore(tmp_path), context.metrics, settings)
     await source.start(pipeline.on_assign, pipeline.on_revoke)
     await pipeline.process(await source.fetch(10, 0))
     assert source.commits == []  # the slow request (offset 0) holds everything back
@@ -172,7 +172,7 @@ async def test_exactly_once_answers_go_out_with_the_commit_of_their_record(
     ]
     source, sink = MemorySource("requests", values), MemorySink(commits_offsets=True)
     settings = PipelineSettings("dead", fetch_timeout_ms=10)
-    pipeline = Pipeline([rule], source, sink, SnapshotStore(tmp_path), context.metrics, settings)
+    pipeline = Pipeline([rule], source, sink, FileStore(tmp_path), context.metrics, settings)
     await source.start(pipeline.on_assign, pipeline.on_revoke)
     await pipeline.process(await source.fetch(10, 0))
     for _ in range(600):

@@ -103,18 +103,18 @@ async def test_a_snapshot_of_another_width_is_not_restored(make_rule):
     rule = make_rule()
     await rule.handle(MODELS, [update("2", network(4, 1), 0)], 0)
     await rule.check(DECISIONS, decisions(np.ones((4, 4)), 0), 0)
-    window, model = rule.snapshot(DECISIONS), rule.snapshot(MODELS)
+    window, model = rule.snapshot(DECISIONS).blob, rule.snapshot(MODELS).blob
 
     restarted = make_rule()  # its configured model takes 3 inputs
     with pytest.raises(StaleSnapshot, match="inputs have 4 values, the model takes 3"):
-        restarted.restore(DECISIONS, window)
+        restarted.restore(DECISIONS, [window])
     assert not restarted.windows
 
     older = make_rule()
     await older.check(DECISIONS, decisions(np.ones((2, 3)), 0), 0)
-    older.restore(MODELS, model)
+    older.restore(MODELS, [model])
     assert older.version == "2" and not older.windows
-    older.restore(DECISIONS, window)
+    older.restore(DECISIONS, [window])
     assert older.windows[DECISIONS].shape == (4, 4)
 
 
@@ -141,9 +141,9 @@ async def test_each_partition_keeps_its_own_window(make_rule):
     assert event["input_set"]["lower"] == [0.0] * 3 and event["input_set"]["upper"] == [5.0] * 3
     assert (rule.history_size(DECISIONS), rule.history_size(other)) == (3, 2)
 
-    snapshot = rule.snapshot(DECISIONS)
+    snapshot = rule.snapshot(DECISIONS).blob
     await rule.check(other, decisions(np.full((1, 3), 7.0), 2, other), 0)
-    rule.restore(DECISIONS, snapshot)  # a rebalance hands partition 0 back
+    rule.restore(DECISIONS, [snapshot])  # a rebalance hands partition 0 back
     assert rule.windows[other].max() == 7.0 and rule.windows[DECISIONS].max() == 0.0
 
     rule.drop(other)

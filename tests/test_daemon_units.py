@@ -27,7 +27,7 @@ from vigil.daemon.config import ConfigError, load_config, parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.service import _shutdown
-from vigil.daemon.state import SnapshotStore
+from vigil.daemon.state import FileStore
 from vigil.rules.reach.network import Network
 
 CONTRACT = """
@@ -180,20 +180,6 @@ def test_a_huge_dead_letter_keeps_a_bounded_prefix_and_the_payloads_digest():
     assert small["payload"] == "x" * 1000 and "payload_truncated" not in small
 
 
-def test_snapshot_store_skips_corrupt_files(tmp_path):
-    store = SnapshotStore(tmp_path, keep=2)
-    store.save("r", ("t", 0), 10, b"old")
-    newest = store.save("r", ("t", 0), 20, b"new")
-    newest.write_bytes(newest.read_bytes()[:-1] + b"X")
-    snapshot, skipped = store.load("r", ("t", 0))
-    assert (snapshot.offset, snapshot.blob, skipped) == (10, b"old", 1)
-    store.save("r", ("t", 0), 30, b"newer")
-    assert sorted(p.stem for p in (tmp_path / "r" / "t.0").glob("*.snap")) == [
-        f"{20:020d}",
-        f"{30:020d}",
-    ]
-
-
 def _decisions(x: np.ndarray, y: np.ndarray) -> list[bytes]:
     return [
         orjson.dumps({"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])})
@@ -228,7 +214,7 @@ def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_pat
     keep = [i for i in range(400) if i != 123]
     truth = witness_sets(x[keep], y[keep], 0.25)
     expected = {keep[n]: [keep[j] for j, _ in ws] for n, ws in enumerate(truth) if ws}
-    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+    store, sink = FileStore(tmp_path, keep=3), MemorySink()
 
     async def run(limit: int, source_commits):
         pipeline, source, _ = _pipeline(values[:limit], store, sink)
@@ -239,7 +225,7 @@ def test_restart_replays_between_snapshot_and_commit_without_re_emitting(tmp_pat
 
     commits = asyncio.run(run(260, []))
     assert commits[-1] == {("t", 0): 260}
-    newest, _ = store.load("r", ("t", 0))
+    newest, _ = asyncio.run(store.load("r", ("t", 0)))
     assert newest.offset < 260  # the snapshot lags the commit: a replay is needed
     asyncio.run(run(400, commits))
     alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
@@ -258,7 +244,7 @@ def test_a_dead_letter_in_the_replay_does_not_stop_the_restart(tmp_path):
     rng = np.random.default_rng(2)
     values = _decisions(rng.uniform(0, 1, (150, 3)), np.ones(150, dtype=int))
     values[90] = orjson.dumps({"id": 90, "model": "m", "x": [0.1, 0.2], "y": 1})
-    store, sink = SnapshotStore(tmp_path), MemorySink()
+    store, sink = FileStore(tmp_path), MemorySink()
 
     async def run(limit: int, commits: list) -> list:
         pipeline, source, _ = _pipeline(values[:limit], store, sink)
@@ -269,37 +255,10 @@ def test_a_dead_letter_in_the_replay_does_not_stop_the_restart(tmp_path):
         return source.commits  # no final snapshot: as if the process died here
 
     commits = asyncio.run(run(111, []))
-    assert store.load("r", ("t", 0))[0].offset < 90 < commits[-1][("t", 0)]
+    assert asyncio.run(store.load("r", ("t", 0)))[0].offset < 90 < commits[-1][("t", 0)]
     asyncio.run(run(150, commits))
     dead = [orjson.loads(m.value) for m in sink.messages if m.topic == "dead"]
     assert [(d["source"]["offset"], d["reason"]) for d in dead] == [(90, "dimension")]
-
-
-def test_snapshot_store_falls_back_past_snapshots_ahead_of_the_commit(tmp_path):
-    store = SnapshotStore(tmp_path, keep=3)
-    for offset in (10, 20, 30):
-        store.save("r", ("t", 0), offset, str(offset).encode())
-    assert store.load("r", ("t", 0), at_most=30)[0].blob == b"30"
-    assert store.load("r", ("t", 0), at_most=25)[0].blob == b"20"
-    # the replay from 20 will save 25: the earlier run's 30 must not outlive it as "newest"
-    store.save("r", ("t", 0), 25, b"25")
-    assert store.load("r", ("t", 0))[0].blob == b"25"
-    assert store.load("r", ("t", 0), at_most=9) == (None, 0)
-    assert store.origin("r", ("t", 0)) == 0
-    store.mark_origin("r", ("t", 0), 7)
-    assert store.origin("r", ("t", 0)) == 7
-
-
-def test_pruning_keeps_the_newest_snapshot_the_commit_covers(tmp_path):
-    """While a job holds the commit back, newer snapshots must not prune the one a restart
-    would restore."""
-    store = SnapshotStore(tmp_path, keep=1)
-    store.save("r", ("t", 0), 50, b"50", committed=50)
-    store.save("r", ("t", 0), 100, b"100", committed=60)
-    store.save("r", ("t", 0), 150, b"150", committed=60)
-    assert store.load("r", ("t", 0), at_most=60)[0].blob == b"50"
-    store.save("r", ("t", 0), 200, b"200", committed=200)
-    assert sorted(p.stem for p in (tmp_path / "r" / "t.0").glob("*.snap")) == [f"{200:020d}"]
 
 
 def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
@@ -311,7 +270,7 @@ def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
     values = _decisions(x, y)
     truth = witness_sets(x, y, 0.25)
     expected = {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
-    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+    store, sink = FileStore(tmp_path, keep=3), MemorySink()
     pipeline, source, _ = _pipeline(values[:200], store, sink)
 
     async def first_run():
@@ -363,7 +322,7 @@ def test_a_group_starting_at_the_end_keeps_its_origin_across_a_restart(tmp_path)
     origin = 120
     truth = witness_sets(x[origin:], y[origin:], 0.25)
     expected = {origin + n: [origin + j for j, _ in ws] for n, ws in enumerate(truth) if ws}
-    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+    store, sink = FileStore(tmp_path, keep=3), MemorySink()
 
     async def run(limit: int, commits: list) -> list:
         source = _AtTheEnd("t", values[:limit], origin)
@@ -480,7 +439,7 @@ def test_history_limit_bounds_each_partitions_history(tmp_path):
     y = rng.integers(0, 2, size=400)
     sink = MemorySink()
     pipeline, source, rule = _pipeline(
-        _decisions(x, y), SnapshotStore(tmp_path), sink, history_limit=60
+        _decisions(x, y), FileStore(tmp_path), sink, history_limit=60
     )
 
     async def run():
@@ -516,7 +475,7 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
     x = rng.integers(0, 8, size=(300, 3)) / 8
     y = rng.integers(0, 2, size=300)
     truth = witness_sets(x, y, 0.25)
-    store, sink = SnapshotStore(tmp_path, keep=3), MemorySink()
+    store, sink = FileStore(tmp_path, keep=3), MemorySink()
 
     async def first_run():  # up to offset 150, then the process dies
         pipeline, source, _ = _pipeline(_decisions(x, y), store, sink, every=100)
@@ -532,7 +491,7 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
         fetched_at = dict(pipeline._assignments)
         early = await source.fetch(37, 0)  # offsets 150..186, before the callback's seek
         await source.start(pipeline.on_assign, pipeline.on_revoke)
-        snapshot, _ = store.load("r", source.tp)
+        snapshot, _ = await store.load("r", source.tp)
         assert source._next == snapshot.offset < 150  # restored an older snapshot
         await pipeline.process(early, fetched_at)
         assert source._next == snapshot.offset  # dropped, and sought back to read again
@@ -564,7 +523,7 @@ def _run_rule(tmp_path, events: list[dict], **options) -> tuple[dict, list[dict]
     """Alerts (decision id -> witness ids) and dead letters of one ior rule over ``events``."""
     sink = MemorySink()
     values = [orjson.dumps(e) for e in events]
-    pipeline, source, _ = _pipeline(values, SnapshotStore(tmp_path), sink, **options)
+    pipeline, source, _ = _pipeline(values, FileStore(tmp_path), sink, **options)
 
     async def run():
         await source.start(pipeline.on_assign, pipeline.on_revoke)
@@ -636,7 +595,7 @@ def test_a_quantitative_rule_reports_and_filters_by_the_largest_ratio(tmp_path):
     events = [{"id": i, "model": "m", "x": x[i].tolist(), "y": int(y[i])} for i in range(200)]
     sink = MemorySink()
     pipeline, source, _ = _pipeline(
-        [orjson.dumps(e) for e in events], SnapshotStore(tmp_path), sink, ratio_threshold=5.0
+        [orjson.dumps(e) for e in events], FileStore(tmp_path), sink, ratio_threshold=5.0
     )
 
     async def run():
@@ -690,18 +649,18 @@ def test_an_embedding_model_maps_the_inputs_before_they_are_compared(tmp_path):
 def test_embedding_onnx_options_are_validated(tmp_path, options, message):
     path, _ = _linear_embedding(tmp_path)
     with pytest.raises(ConfigError, match=message):
-        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(path), **options)
+        _pipeline([], FileStore(tmp_path), embedding_onnx=str(path), **options)
 
 
 def test_a_bad_embedding_model_is_named_at_startup(tmp_path):
     path, _ = _linear_embedding(tmp_path)
     with pytest.raises(ValueError, match=r"rule 'r': cannot read embedding_onnx .*gone.onnx"):
-        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(tmp_path / "gone.onnx"))
+        _pipeline([], FileStore(tmp_path), embedding_onnx=str(tmp_path / "gone.onnx"))
     with pytest.raises(ValueError, match=r"rule 'r': embedding_onnx .* takes 3 features"):
-        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(path), dim=4)
+        _pipeline([], FileStore(tmp_path), embedding_onnx=str(path), dim=4)
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(ValueError, match=r"rule 'r': embedding_onnx .*junk.onnx"):
-        _pipeline([], SnapshotStore(tmp_path), embedding_onnx=str(tmp_path / "junk.onnx"))
+        _pipeline([], FileStore(tmp_path), embedding_onnx=str(tmp_path / "junk.onnx"))
 
 
 @pytest.mark.parametrize(
@@ -720,7 +679,7 @@ def test_a_snapshot_taken_under_another_comparison_is_not_restored(tmp_path, fir
     x = rng.integers(0, 8, size=(300, 2)) / 8
     y = rng.integers(0, 2, size=300)
     values = _decisions(x, y)
-    store, sink = SnapshotStore(tmp_path), MemorySink()
+    store, sink = FileStore(tmp_path), MemorySink()
 
     async def run(limit: int, commits, options):
         pipeline, source, _ = _pipeline(values[:limit], store, sink, **options)
@@ -762,7 +721,7 @@ def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
     values = [
         orjson.dumps({"id": i, "model": "m", "x": [0.0, 0.0], "y": i % 2}) for i in range(80)
     ]  # batches of 37: the second one's delivery fails
-    store, sink = SnapshotStore(tmp_path), _FailingSink()
+    store, sink = FileStore(tmp_path), _FailingSink()
 
     async def first_run():
         pipeline, source, _ = _pipeline(values, store, sink, every=1)
@@ -775,7 +734,7 @@ def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
     commits = asyncio.run(first_run())
     delivered = {orjson.loads(m.value)["decision"]["id"] for m in sink.messages}
     assert delivered == set(range(1, 37)) and commits[-1] == {("t", 0): 37}
-    newest, _ = store.load("r", ("t", 0))
+    newest, _ = asyncio.run(store.load("r", ("t", 0)))
     assert newest.offset <= 37
 
     async def restart():
@@ -800,7 +759,7 @@ def test_decisions_numpy_cannot_hold_are_dead_letters(tmp_path):
     sink = MemorySink()
 
     async def run(values):
-        pipeline, source, _ = _pipeline(values, SnapshotStore(tmp_path / str(len(values))), sink)
+        pipeline, source, _ = _pipeline(values, FileStore(tmp_path / str(len(values))), sink)
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.run(asyncio.Event(), until_idle=True)
 
@@ -825,7 +784,7 @@ def test_a_large_witness_set_keeps_its_nearest_members_and_says_so(tmp_path):
 
     async def run():
         values = _decisions(x, y)
-        pipeline, source, _ = _pipeline(values, SnapshotStore(tmp_path), sink, max_witnesses=3)
+        pipeline, source, _ = _pipeline(values, FileStore(tmp_path), sink, max_witnesses=3)
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.run(asyncio.Event(), until_idle=True)
 
@@ -863,7 +822,7 @@ def test_a_failing_lag_query_does_not_stop_the_pipeline(tmp_path):
 
     async def run():
         pipeline, source, _ = _pipeline(
-            [], SnapshotStore(tmp_path), sink, source=Rebalancing("t", values)
+            [], FileStore(tmp_path), sink, source=Rebalancing("t", values)
         )
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.run(asyncio.Event(), until_idle=True)
@@ -881,7 +840,7 @@ def test_every_configurable_rule_kind_has_one_adapter():
     assert all(KINDS[kind].kind == kind for kind in RULE_KINDS)
 
 
-class _RecordingStore(SnapshotStore):
+class _RecordingStore(FileStore):
     """Saves slowly and records how many saves of one (rule, partition) overlap; the first
     ``failures`` saves raise."""
 
@@ -892,7 +851,7 @@ class _RecordingStore(SnapshotStore):
         self.most = 0
         self.lock = threading.Lock()
 
-    def save(self, rule, tp, offset, blob, committed=0):
+    def _save(self, rule, tp, offset, blob, committed):
         with self.lock:
             self.active[(rule, tp)] = self.active.get((rule, tp), 0) + 1
             self.most = max(self.most, self.active[(rule, tp)])
@@ -902,7 +861,7 @@ class _RecordingStore(SnapshotStore):
             time.sleep(0.05)
             if fail:
                 raise OSError("disk full")
-            return super().save(rule, tp, offset, blob, committed)
+            return super()._save(rule, tp, offset, blob, committed)
         finally:
             with self.lock:
                 self.active[(rule, tp)] -= 1
@@ -925,7 +884,7 @@ def test_snapshot_writes_of_one_partition_never_overlap_and_failures_are_counted
     text = pipeline.metrics.render().decode()
     assert 'vigil_snapshots_total{outcome="failed"} 2.0' in text
     assert 'vigil_snapshots_total{outcome="written"}' in text
-    newest, _ = store.load("r", ("t", 0))
+    newest, _ = asyncio.run(store.load("r", ("t", 0)))
     assert newest.offset == 300
 
 
@@ -960,7 +919,7 @@ def test_a_new_group_never_restores_a_snapshot_past_where_it_starts(tmp_path):
     rng = np.random.default_rng(4)
     x = rng.integers(0, 8, size=(300, 3)) / 8
     y = rng.integers(0, 2, size=300)
-    store = SnapshotStore(tmp_path)
+    store = FileStore(tmp_path)
 
     async def run(values, sink):
         pipeline, source, _ = _pipeline(values, store, sink)
@@ -969,7 +928,7 @@ def test_a_new_group_never_restores_a_snapshot_past_where_it_starts(tmp_path):
         await pipeline.snapshot_all()
 
     asyncio.run(run(_decisions(x, y), MemorySink()))
-    assert store.load("r", ("t", 0))[0].offset == 300
+    assert asyncio.run(store.load("r", ("t", 0)))[0].offset == 300
     x2, y2 = x[::-1].copy(), y[::-1].copy()  # another stream in the new cluster
     sink = MemorySink()
     asyncio.run(run(_decisions(x2, y2), sink))

@@ -49,6 +49,7 @@ import numpy as np
 import pytest
 
 from tests.daemon_harness import consume_all
+from vigil.daemon.state.kafka_store import TOPIC_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/operations.md", "ops/README.md")
@@ -852,6 +853,14 @@ def sources_exist(ctx: Ctx, command: str) -> str:
 
 # -- the table -------------------------------------------------------------------------------------
 
+
+def state_topic_settings(ctx: Ctx, command: str) -> str:
+    """The documented topic settings are the ones the Kafka store creates its topic with."""
+    shown = dict(re.findall(r"--config (\S+)=(\S+)", command))
+    assert shown == TOPIC_CONFIG, (shown, TOPIC_CONFIG)
+    return f"its --config settings are the store's own: {shown}"
+
+
 NO_DOCKER = "needs a Docker daemon, images and host ports; validated with compose config instead"
 ROOT = "needs root on a systemd host (a deployed machine)"
 DASK = (
@@ -942,6 +951,14 @@ COMMANDS: dict[str, Run | Excused] = {
     "systemctl daemon-reload": Excused(ROOT),
     "pip install 'vigil-daemon[dask]'": Excused(
         "installs from the package index; make test installs the dask extra the same way"
+    ),
+    "kafka-topics.sh --bootstrap-server BROKER:9092 --create --topic fraud-state --partitions 12 "
+    "--replication-factor 3 --config cleanup.policy=compact --config segment.bytes=67108864": (
+        Excused(
+            "an operator's alternative to the topic the daemon creates; tests/test_state_stores.py "
+            "creates state topics with other settings and checks how the store takes them",
+            state_topic_settings,
+        )
     ),
     "dask scheduler --port 8786": Excused(DASK),
     "dask worker tcp://SCHEDULER:8786 --nworkers 2 --nthreads 1": Excused(DASK),

@@ -36,7 +36,7 @@ from vigil.daemon.adapters import IorRule
 from vigil.daemon.config import parse_config
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import HistoryGap, Pipeline, PipelineSettings
-from vigil.daemon.state import SnapshotStore
+from vigil.daemon.state import FileStore
 
 N, COMMITTED, FIRST = 400, 260, 100
 
@@ -104,13 +104,11 @@ def _metric(pipeline, name, **labels) -> float:
 
 def test_a_host_replaced_after_retention_flags_its_alerts(tmp_path, stream):
     x, y, values = stream
-    _, commits = asyncio.run(
-        _run(values[:COMMITTED], SnapshotStore(tmp_path / "a"), MemorySink(), [])
-    )
+    _, commits = asyncio.run(_run(values[:COMMITTED], FileStore(tmp_path / "a"), MemorySink(), []))
     assert commits[-1] == {("t", 0): COMMITTED}
 
     # a new host: empty state dir; retention deleted the first FIRST records
-    store, sink = SnapshotStore(tmp_path / "b"), MemorySink()
+    store, sink = FileStore(tmp_path / "b"), MemorySink()
     with structlog.testing.capture_logs() as logs:
         pipeline, _ = asyncio.run(_run(values, store, sink, commits, first=FIRST))
     gaps = [e for e in logs if e["event"] == "history_gap"]
@@ -141,7 +139,7 @@ def test_a_host_replaced_after_retention_flags_its_alerts(tmp_path, stream):
 
 def test_a_snapshot_that_covers_the_deleted_head_keeps_the_history_complete(tmp_path, stream):
     x, y, values = stream
-    store = SnapshotStore(tmp_path)
+    store = FileStore(tmp_path)
     _, commits = asyncio.run(_run(values[:COMMITTED], store, MemorySink(), []))
     sink = MemorySink()
     with structlog.testing.capture_logs() as logs:
@@ -156,20 +154,16 @@ def test_a_snapshot_that_covers_the_deleted_head_keeps_the_history_complete(tmp_
 
 def test_on_history_gap_fail_stops_the_daemon(tmp_path, stream):
     _, _, values = stream
-    _, commits = asyncio.run(
-        _run(values[:COMMITTED], SnapshotStore(tmp_path / "a"), MemorySink(), [])
-    )
+    _, commits = asyncio.run(_run(values[:COMMITTED], FileStore(tmp_path / "a"), MemorySink(), []))
     sink = MemorySink()
     with pytest.raises(HistoryGap, match=r"t\[0\]: offsets 0\.\.99 were deleted"):
-        asyncio.run(
-            _run(values, SnapshotStore(tmp_path / "b"), sink, commits, first=FIRST, fail=True)
-        )
+        asyncio.run(_run(values, FileStore(tmp_path / "b"), sink, commits, first=FIRST, fail=True))
     assert not _alerts(sink)
 
 
 def test_records_deleted_before_they_were_read_are_reported(tmp_path, stream):
     _, _, values = stream
-    store = SnapshotStore(tmp_path)
+    store = FileStore(tmp_path)
     _, commits = asyncio.run(_run(values[:COMMITTED], store, MemorySink(), []))
     with structlog.testing.capture_logs() as logs:
         pipeline, commits = asyncio.run(
@@ -185,7 +179,7 @@ def test_a_new_group_starts_a_complete_history_at_the_first_retained_record(tmp_
     x, y, values = stream
     sink = MemorySink()
     with structlog.testing.capture_logs() as logs:
-        asyncio.run(_run(values, SnapshotStore(tmp_path), sink, [], first=FIRST))
+        asyncio.run(_run(values, FileStore(tmp_path), sink, [], first=FIRST))
     assert not [e for e in logs if e["event"] == "history_gap"]
     alerts = _alerts(sink)
     assert alerts and all(a["history_complete"] is True for a in alerts)
@@ -193,14 +187,18 @@ def test_a_new_group_starts_a_complete_history_at_the_first_retained_record(tmp_
     assert got == _expected(x, y, FIRST, FIRST)
 
 
-async def test_a_replaced_host_on_a_truncated_topic_flags_alerts_through_kafka(
-    kafka_bootstrap, tmp_path, compas
+@pytest.mark.parametrize("store", ["file", "kafka"])
+async def test_a_replaced_host_on_a_truncated_topic_through_kafka(
+    kafka_bootstrap, tmp_path, compas, store
 ):
     """The real broker: retention (delete_records) removes the head after the first host
-    committed; a second host with an empty state dir must flag its alerts."""
+    committed and snapshotted; a second host with an empty state dir takes over. With the
+    file store its history lacks the head, and its alerts must say so; with the Kafka store
+    it restores the snapshot and its alerts are those of the whole stream."""
     x, y = compas[0][:1600], compas[1][:1600]
     half, cut = 800, 300
-    first = Daemon(kafka_bootstrap, tmp_path / "a")
+    settings = f'store = "{store}"'
+    first = Daemon(kafka_bootstrap, tmp_path / "a", state_settings=settings)
     (tmp_path / "a").mkdir()
     events = decision_events(x, y, "compas")
     before = expected_alerts(x[:half], y[:half], first.eps)
@@ -222,10 +220,14 @@ async def test_a_replaced_host_on_a_truncated_topic_flags_alerts_through_kafka(
         await admin.close()
     await produce(kafka_bootstrap, first.topic, events[half:])
 
-    second = Daemon(kafka_bootstrap, tmp_path / "b", tag=first.tag)  # same topics and group
+    # same topics and group, empty state dir
+    second = Daemon(kafka_bootstrap, tmp_path / "b", tag=first.tag, state_settings=settings)
     (tmp_path / "b").mkdir()
+    complete = store == "kafka"
     after = {
-        d: ws for d, ws in expected_alerts(x, y, first.eps, first=cut).items() if int(d[1:]) >= half
+        d: ws
+        for d, ws in expected_alerts(x, y, first.eps, first=0 if complete else cut).items()
+        if int(d[1:]) >= half
     }
     second.start()
     try:
@@ -234,11 +236,21 @@ async def test_a_replaced_host_on_a_truncated_topic_flags_alerts_through_kafka(
         )
         new = alerts[len(got) :]
         assert witness_map(new) == after
-        assert new and all(a["history_complete"] is False for a in new)
+        assert new and all(a["history_complete"] is complete for a in new)
         metrics = await wait_http(second.port, "/metrics")
-        assert 'vigil_history_gaps_total{rule="compas-fairness"} 1.0' in metrics
+        gaps = 0 if complete else 1
+        assert f'vigil_history_gaps_total{{rule="compas-fairness"}} {gaps}.0' in metrics
+        loaded = 1 if complete else 0
+        assert f'vigil_snapshots_total{{outcome="loaded"}} {loaded}.0' in metrics
         second.signal(signal.SIGTERM)
         assert second.wait(timeout=30) == 0, second.log_text()
     finally:
         second.kill()
-    assert '"history_gap"' in second.log_text()
+    assert ('"history_gap"' in second.log_text()) is not complete
+    if complete:  # restored, then only what followed the snapshot was read
+        assigned = [
+            orjson.loads(line)
+            for line in second.log_text().splitlines()
+            if '"partition_assigned"' in line
+        ]
+        assert [a["replay_from"] for a in assigned] == [half]

@@ -33,12 +33,22 @@ BACKEND_OPTIONS = {
 }
 
 
+def extend_chain(monitor: Monitor, chain: list, base: bool) -> list[tuple[bytes, int]]:
+    """Snapshot parts as the state store keeps them: a new base, or a segment of what
+    came since the chain's end while that is still in the history."""
+    end = chain[-1][1] if chain else None
+    if base or end is None or end < monitor.evicted:
+        return [(monitor.snapshot(), monitor.position)]
+    return [*chain, (monitor.snapshot(since=end), monitor.position)]
+
+
 def run_monitor(spec: MonitorSpec, backend: str, options: dict, x, y, sizes, snapshot_at):
     monitor = Monitor(spec, backend, **options)
-    got, ratios, pos = [], [], 0
+    got, ratios, pos, chain = [], [], 0, []
     for b, size in enumerate(sizes):
+        chain = extend_chain(monitor, chain, base=b % 3 == 0)
         if b == snapshot_at:
-            monitor = Monitor.restore(monitor.snapshot())
+            monitor = Monitor.restore(*(part for part, _ in chain))
         w = monitor.check_batch(x[pos : pos + size], y[pos : pos + size])
         assert w.first == pos and len(w) == size
         for i in range(size):
@@ -261,10 +271,11 @@ def test_history_limit_matches_oracle_on_the_window(backend, stream, limit, data
     if "blocks" in options:
         options = {**options, "blocks": min(options["blocks"], spec.view_dim)}
     monitor = Monitor(spec, backend, history_limit=limit, **options)
-    got, ratios, pos = [], [], 0
+    got, ratios, pos, chain = [], [], 0, []
     for b, size in enumerate(sizes):
+        chain = extend_chain(monitor, chain, base=b % 3 == 0)
         if b == snapshot_at:
-            monitor = Monitor.restore(monitor.snapshot())
+            monitor = Monitor.restore(*(part for part, _ in chain))
         w = monitor.check_batch(x[pos : pos + size], y[pos : pos + size])
         assert w.first == pos
         for i in range(size):

@@ -4,7 +4,14 @@ by calling the algorithms in ``vigil.rules``."""
 
 from __future__ import annotations
 
-from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StaleSnapshot
+from vigil.daemon.adapters.base import (
+    Answer,
+    Rule,
+    RuleContext,
+    RuleResult,
+    StaleSnapshot,
+    StatePart,
+)
 from vigil.daemon.adapters.certify import CertifyRule
 from vigil.daemon.adapters.cfx import CfxRule
 from vigil.daemon.adapters.ior import IorRule
@@ -33,5 +40,6 @@ __all__ = [
     "RuleContext",
     "RuleResult",
     "StaleSnapshot",
+    "StatePart",
     "build_rule",
 ]

@@ -19,6 +19,21 @@ class StaleSnapshot(ValueError):
 
 
 @dataclass(frozen=True)
+class StatePart:
+    """A rule's state of one partition, whole (a base) or as what was added since an earlier
+    part (a segment). Positions are the rule's own: a segment covers ``start..stop`` and
+    continues the part that ends at ``start``; ``live_from`` is where the state held now
+    begins (a bounded history forgets its oldest entries), so parts before it are garbage
+    once a newer base exists."""
+
+    blob: bytes
+    base: bool = True
+    start: int = 0
+    stop: int = 0
+    live_from: int = 0
+
+
+@dataclass(frozen=True)
 class RuleContext:
     """What rules get from the daemon: metrics, the shared offload pool, output topics, and a
     way to make a pool of their own (a stateful worker lane)."""
@@ -136,10 +151,13 @@ class Rule:
         """The job kinds this rule submits, by offload pool name (for the metrics)."""
         return {}
 
-    def snapshot(self, tp: TopicPartition) -> bytes | None:
+    def snapshot(self, tp: TopicPartition, since: int | None = None) -> StatePart | None:
+        """This rule's state of ``tp`` (None when it keeps none): a segment of what came
+        after position ``since`` when the rule can give one, else a base."""
         return None
 
-    def restore(self, tp: TopicPartition, blob: bytes) -> None:
+    def restore(self, tp: TopicPartition, parts: list[bytes]) -> None:
+        """Continue from a base and the segments that follow it, in order."""
         return None
 
     def drop(self, tp: TopicPartition) -> None:

@@ -14,7 +14,14 @@ import numpy as np
 
 from vigil.connectors.base import OutMessage, TopicPartition
 from vigil.connectors.events import Decision, encode, now_iso
-from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StaleSnapshot
+from vigil.daemon.adapters.base import (
+    Answer,
+    Rule,
+    RuleContext,
+    RuleResult,
+    StaleSnapshot,
+    StatePart,
+)
 from vigil.daemon.config import IorRuleConfig
 from vigil.rules.ior import Monitor, MonitorSpec, OutputKind, Witnesses
 from vigil.rules.ior.backends import parse_backend
@@ -164,15 +171,22 @@ class IorRule(Rule):
             x, y = x[finite], y[finite]
         return good, x, y
 
-    def snapshot(self, tp: TopicPartition) -> bytes | None:
+    def snapshot(self, tp: TopicPartition, since: int | None = None) -> StatePart | None:
+        """The history as a base, or the decisions after stream position ``since`` when
+        they are all still held."""
         monitor = self.monitors.get(tp)
-        return monitor.snapshot() if monitor else None
+        if monitor is None:
+            return None
+        end, live = monitor.position, monitor.evicted
+        if since is None or not live <= since <= end:
+            return StatePart(monitor.snapshot(), True, live, end, live)
+        return StatePart(monitor.snapshot(since), False, since, end, live)
 
-    def restore(self, tp: TopicPartition, blob: bytes) -> None:
+    def restore(self, tp: TopicPartition, parts: list[bytes]) -> None:
         """Continue from a snapshot; one taken under another comparison (spec fields or
         embedding model) is refused with ``StaleSnapshot``. A new backend or history limit
         applies to the restored history (every backend finds the same witnesses)."""
-        monitor = Monitor.restore(blob)
+        monitor = Monitor.restore(*parts)
         spec = monitor.spec
         expected = self._spec(spec.dim, spec.output_dim)
         changed = [

@@ -23,6 +23,7 @@ from vigil.daemon.adapters.base import (
     RuleContext,
     RuleResult,
     StaleSnapshot,
+    StatePart,
     read_model,
 )
 from vigil.daemon.config import ReachRuleConfig
@@ -226,7 +227,8 @@ class ReachRule(Rule):
     def offload_jobs(self) -> dict[str, set[str]]:
         return {self.pool.name: {LOAD_JOB, STEP_JOB}}
 
-    def snapshot(self, tp: TopicPartition) -> bytes | None:
+    def snapshot(self, tp: TopicPartition, since: int | None = None) -> StatePart | None:
+        """A base always: a window and a model are small."""
         buffer = io.BytesIO()
         if tp[0] == self.config.topic and tp in self.windows:
             np.savez(buffer, window=self.windows[tp])
@@ -235,12 +237,13 @@ class ReachRule(Rule):
             np.savez(buffer, model=np.frombuffer(self.model, dtype=np.uint8), version=version)
         else:
             return None
-        return buffer.getvalue()
+        return StatePart(buffer.getvalue())
 
-    def restore(self, tp: TopicPartition, blob: bytes) -> None:
+    def restore(self, tp: TopicPartition, parts: list[bytes]) -> None:
         """Continue from a snapshot. A window of another width than the current model's is
         refused with ``StaleSnapshot`` (the partition is replayed instead); a restored model
         of another width empties the window."""
+        (blob,) = parts  # a base, never segments
         with np.load(io.BytesIO(blob)) as data:
             if "window" in data:
                 window = data["window"]

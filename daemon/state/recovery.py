@@ -15,7 +15,7 @@ import structlog
 from vigil.connectors.base import Source, TopicPartition
 from vigil.daemon.adapters import Rule, StaleSnapshot
 from vigil.daemon.metrics import Metrics
-from vigil.daemon.state.store import SnapshotStore
+from vigil.daemon.state.store import StateStore
 
 log = structlog.get_logger("vigil.recovery")
 
@@ -42,7 +42,7 @@ async def restore_partition(
     tp: TopicPartition,
     rules: list[Rule],
     source: Source,
-    store: SnapshotStore,
+    store: StateStore,
     metrics: Metrics,
 ) -> Restored:
     """Restore ``rules``' state of ``tp`` and say where to resume. A partition with no
@@ -55,6 +55,7 @@ async def restore_partition(
     committed = await source.committed(tp)
     position = committed if committed is not None else await source.start_offset(tp)
     first = await source.first_offset(tp)
+    await store.open(tp)
     apply_from: dict[str, int] = {}
     gaps: dict[str, tuple[int, int]] = {}
     incomplete = set()
@@ -62,14 +63,15 @@ async def restore_partition(
         if not rule.stateful:
             apply_from[rule.name] = max(position, first)
             continue
-        snapshot, skipped = store.load(rule.name, tp, at_most=position)
+        snapshot, skipped = await store.load(rule.name, tp, at_most=position)
         if skipped:
             metrics.snapshots.labels("skipped_corrupt").inc(skipped)
         applied = None
         if snapshot is not None:
             try:
-                rule.restore(tp, snapshot.blob)
+                rule.restore(tp, snapshot.parts)
             except StaleSnapshot as e:  # rebuilt from the rule's origin
+                store.forget(rule.name, tp)
                 log.warning("snapshot_ignored", rule=rule.name, tp=tp, reason=str(e))
                 metrics.snapshots.labels("ignored_stale").inc()
             else:
@@ -79,12 +81,12 @@ async def restore_partition(
             applied = store.origin(rule.name, tp)
             # a new group, or offsets reset back before the origin: a history from here
             if committed is None or applied > position:
-                store.mark_origin(rule.name, tp, position)
-                store.clear_gap(rule.name, tp)
+                await store.mark_origin(rule.name, tp, position)
+                await store.clear_gap(rule.name, tp)
                 applied = position
         if applied < first:
             gaps[rule.name] = (applied, first)
-            store.mark_gap(rule.name, tp, first)
+            await store.mark_gap(rule.name, tp, first)
             applied = first
         if store.gap(rule.name, tp) is not None:
             incomplete.add(rule.name)

@@ -1,22 +1,32 @@
-"""Checker snapshots on disk, each with the source offset it reflects.
+"""Where rules' snapshots live, and the local-directory store.
 
-Layout: ``<dir>/<rule>/<topic>.<partition>/<offset>.snap``. A file is a JSON header line
-(offset, length, sha256) followed by the checker's bytes; it is written atomically, and a
-file whose header or checksum does not match is skipped for the previous one.
+A store keeps, per rule and source partition, snapshots with the source offset each
+reflects, where the state begins when no snapshot holds it (its origin) and whether it lacks
+records retention deleted (a gap). ``FileStore`` keeps them in a directory (one host's copy);
+``KafkaStore`` (kafka_store.py) in a compacted topic, so they move with their partitions.
+
+``FileStore`` layout: ``<dir>/<rule>/<topic>.<partition>/<offset>.snap``. A file is a JSON
+header line (offset, length, sha256) followed by the checker's bytes; it is written
+atomically, and a file whose header or checksum does not match is skipped for the previous
+one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 import structlog
 
 from vigil.connectors.base import TopicPartition
 from vigil.connectors.files import atomic_write
+from vigil.daemon.adapters.base import StatePart
 
 log = structlog.get_logger("vigil.state")
 
@@ -27,26 +37,89 @@ _GAP = "gap.json"
 
 @dataclass(frozen=True)
 class Snapshot:
+    """A rule's state of a partition after every record before ``offset``: a base and the
+    segments that continue it."""
+
     offset: int
-    blob: bytes
-    path: Path
+    parts: list[bytes]
 
 
-class SnapshotStore:
+class StateStore(Protocol):
+    """What recovery and the pipeline need of a store. ``open`` comes before the reads of a
+    partition; ``take`` and ``save`` of one rule and partition come in order."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def open(self, tp: TopicPartition) -> None: ...
+    def close(self, tp: TopicPartition) -> None: ...
+    async def load(
+        self, rule: str, tp: TopicPartition, at_most: int | None = None
+    ) -> tuple[Snapshot | None, int]: ...
+    def forget(self, rule: str, tp: TopicPartition) -> None: ...
+    def take(
+        self,
+        rule: str,
+        tp: TopicPartition,
+        snapshot: Callable[[int | None], StatePart | None],
+    ) -> StatePart | None: ...
+    async def save(
+        self, rule: str, tp: TopicPartition, offset: int, part: StatePart, committed: int = 0
+    ) -> None: ...
+    def origin(self, rule: str, tp: TopicPartition) -> int: ...
+    async def mark_origin(self, rule: str, tp: TopicPartition, offset: int) -> None: ...
+    def gap(self, rule: str, tp: TopicPartition) -> int | None: ...
+    async def mark_gap(self, rule: str, tp: TopicPartition, offset: int) -> None: ...
+    async def clear_gap(self, rule: str, tp: TopicPartition) -> None: ...
+
+
+class FileStore:
+    """Whole snapshots in a local directory: the default, and the only store of the file
+    source. A host replaced with an empty directory rebuilds by replaying its partitions."""
+
     def __init__(self, root: Path, keep: int = 3) -> None:
         self.root = Path(root)
         self.keep = keep
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def open(self, tp: TopicPartition) -> None:
+        return None
+
+    def close(self, tp: TopicPartition) -> None:
+        return None
+
+    def forget(self, rule: str, tp: TopicPartition) -> None:
+        return None
+
+    def take(
+        self,
+        rule: str,
+        tp: TopicPartition,
+        snapshot: Callable[[int | None], StatePart | None],
+    ) -> StatePart | None:
+        """A base always: each file holds a whole snapshot."""
+        return snapshot(None)
 
     def _dir(self, rule: str, tp: TopicPartition) -> Path:
         topic, partition = tp
         return self.root / _SAFE.sub("_", rule) / f"{_SAFE.sub('_', topic)}.{partition}"
 
-    def save(
-        self, rule: str, tp: TopicPartition, offset: int, blob: bytes, committed: int = 0
-    ) -> Path:
-        """Write a snapshot taken after every record before ``offset`` was applied, and drop
-        all but the newest ``keep`` — except the newest at or before ``committed``, the one a
-        restart would use while the commit is behind the newer ones."""
+    async def save(
+        self, rule: str, tp: TopicPartition, offset: int, part: StatePart, committed: int = 0
+    ) -> None:
+        """Write a snapshot taken after every record before ``offset`` was applied (in a
+        thread), and drop all but the newest ``keep`` — except the newest at or before
+        ``committed``, the one a restart would use while the commit is behind the newer
+        ones."""
+        await asyncio.to_thread(self._save, rule, tp, offset, part.blob, committed)
+
+    def _save(
+        self, rule: str, tp: TopicPartition, offset: int, blob: bytes, committed: int
+    ) -> None:
         folder = self._dir(rule, tp)
         header = {"offset": offset, "length": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
         path = folder / f"{offset:020d}.snap"
@@ -56,9 +129,8 @@ class SnapshotStore:
         for old in saved[: -self.keep]:
             if old not in usable:
                 old.unlink(missing_ok=True)
-        return path
 
-    def load(
+    async def load(
         self, rule: str, tp: TopicPartition, at_most: int | None = None
     ) -> tuple[Snapshot | None, int]:
         """The newest valid snapshot (or None) at offset ``at_most`` or before, and how many
@@ -85,7 +157,7 @@ class SnapshotStore:
         offset = self._marker(rule, tp, _ORIGIN, corrupt=0)
         return 0 if offset is None else offset
 
-    def mark_origin(self, rule: str, tp: TopicPartition, offset: int) -> None:
+    async def mark_origin(self, rule: str, tp: TopicPartition, offset: int) -> None:
         """Record that ``rule``'s state of ``tp`` begins at ``offset`` (a group that started
         at the end of the partition), so a restart before the first snapshot replays from
         there rather than from the partition's first record."""
@@ -96,13 +168,13 @@ class SnapshotStore:
         history is complete (an unreadable marker counts as a gap from 0)."""
         return self._marker(rule, tp, _GAP, corrupt=0)
 
-    def mark_gap(self, rule: str, tp: TopicPartition, offset: int) -> None:
+    async def mark_gap(self, rule: str, tp: TopicPartition, offset: int) -> None:
         """Record that ``rule``'s state of ``tp`` lacks records before ``offset`` that its
         group had read (retention deleted them before a snapshot covered them). It stays
         so, through snapshots and restarts, until the state is rebuilt (``clear_gap``)."""
         atomic_write(self._dir(rule, tp) / _GAP, orjson.dumps({"offset": offset}))
 
-    def clear_gap(self, rule: str, tp: TopicPartition) -> None:
+    async def clear_gap(self, rule: str, tp: TopicPartition) -> None:
         (self._dir(rule, tp) / _GAP).unlink(missing_ok=True)
 
     def _marker(self, rule: str, tp: TopicPartition, name: str, corrupt: int) -> int | None:
@@ -123,6 +195,6 @@ def _read(path: Path) -> Snapshot | None:
         header = orjson.loads(head)
         if len(blob) != header["length"] or hashlib.sha256(blob).hexdigest() != header["sha256"]:
             return None
-        return Snapshot(int(header["offset"]), blob, path)
+        return Snapshot(int(header["offset"]), [blob])
     except (OSError, ValueError, KeyError, TypeError):
         return None

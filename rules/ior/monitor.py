@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -183,59 +184,99 @@ class Monitor:
             raise InvalidDecision(row, "output vector has a non-finite entry")
         return x, y
 
-    def snapshot(self) -> bytes:
-        """Everything needed to continue the stream with identical witness sets."""
+    @property
+    def position(self) -> int:
+        """The stream position after the last decision (evicted ones included)."""
+        return self.evicted + self.size
+
+    def snapshot(self, since: int | None = None) -> bytes:
+        """Everything needed to continue the stream with identical witness sets; with
+        ``since`` (a stream position from ``position``, not yet evicted), only the decisions
+        from there on: a segment that ``restore`` appends to the snapshot it continues."""
         h = self.history
+        first = self.evicted if since is None else since
+        if not self.evicted <= first <= self.position:
+            raise ValueError(
+                f"cannot snapshot from position {first}: the history holds "
+                f"{self.evicted}..{self.position}"
+            )
+        rows = slice(first - self.evicted, h.size)
         header = {
             "spec": self.spec.to_dict(),
             "backend": self.backend.name,
             "options": self.backend.options(),
-            "size": h.size,
+            "first": first,
+            "size": h.size - rows.start,
             "history_limit": self.history_limit,
             "evicted": self.evicted,
+            "base": since is None,
         }
+        embedding = self.embedding.model_bytes if self.embedding and since is None else b""
         buf = io.BytesIO()
         np.savez(
             buf,
             header=np.frombuffer(orjson.dumps(header), dtype=np.uint8),
             ids=np.frombuffer(
-                orjson.dumps(h.ids, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8
+                orjson.dumps(h.ids[rows], option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8
             ),
-            x=h.x,
-            y=h.y,
-            embedding=np.frombuffer(
-                self.embedding.model_bytes if self.embedding else b"", dtype=np.uint8
-            ),
+            x=h.x[rows],
+            y=h.y[rows],
+            embedding=np.frombuffer(embedding, dtype=np.uint8),
         )
         return _SNAPSHOT_MAGIC + buf.getvalue()
 
     @classmethod
-    def restore(cls, blob: bytes) -> Monitor:
-        """Recreate a monitor from ``snapshot()`` output."""
-        if not blob.startswith(_SNAPSHOT_MAGIC):
-            raise ValueError("not an i.o.r. monitor snapshot")
-        try:
-            with np.load(io.BytesIO(blob[len(_SNAPSHOT_MAGIC) :]), allow_pickle=False) as f:
-                header = orjson.loads(f["header"].tobytes())
-                ids = orjson.loads(f["ids"].tobytes())
-                x, y = f["x"], f["y"]
-                model = f["embedding"].tobytes()
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
-            raise ValueError(f"corrupt i.o.r. monitor snapshot: {e}") from None
+    def restore(cls, base: bytes, *segments: bytes) -> Monitor:
+        """Recreate a monitor from a ``snapshot()`` and the segments that continue it, in
+        order (each must begin where the one before it ends)."""
+        parts = [_read_part(blob) for blob in (base, *segments)]
+        header, _, _, _, model = parts[0]
+        if not header.get("base", True):
+            raise ValueError("the first part of an i.o.r. snapshot is a segment, not a base")
+        for (before, *_), (after, *_) in pairwise(parts):
+            if after.get("base", True) or after["first"] != before["first"] + before["size"]:
+                raise ValueError(
+                    "i.o.r. snapshot segments do not continue each other "
+                    f"({before['first']}+{before['size']} then {after['first']})"
+                )
+        last = parts[-1][0]
+        evicted = last.get("evicted", 0)
+        drop = evicted - header["first"]
+        if not 0 <= drop <= sum(p[0]["size"] for p in parts):
+            raise ValueError(f"i.o.r. snapshot evicted {evicted} lies outside its parts")
         embedding = OnnxEmbedding(model) if model else None
         monitor = cls(
-            MonitorSpec.from_dict(header["spec"]),
-            header["backend"],
+            MonitorSpec.from_dict(last["spec"]),
+            last["backend"],
             embedding,
-            header.get("history_limit"),
-            **header["options"],
+            last.get("history_limit"),
+            **last["options"],
         )
-        if len(x) != header["size"] or len(ids) != header["size"]:
-            raise ValueError("snapshot is truncated: sizes disagree")
-        monitor.evicted = header.get("evicted", 0)
+        ids = [i for _, part_ids, _, _, _ in parts for i in part_ids][drop:]
+        x = np.concatenate([p[2] for p in parts])[drop:]
+        y = np.concatenate([p[3] for p in parts])[drop:]
+        monitor.evicted = evicted
         monitor.history.append(x, y, ids)
         monitor.backend.rebuild()
         return monitor
+
+
+def _read_part(blob: bytes) -> tuple[dict, list, np.ndarray, np.ndarray, bytes]:
+    """(header, ids, x, y, embedding model) of one snapshot part, checked for size."""
+    if not blob.startswith(_SNAPSHOT_MAGIC):
+        raise ValueError("not an i.o.r. monitor snapshot")
+    try:
+        with np.load(io.BytesIO(blob[len(_SNAPSHOT_MAGIC) :]), allow_pickle=False) as f:
+            header = orjson.loads(f["header"].tobytes())
+            ids = orjson.loads(f["ids"].tobytes())
+            x, y = f["x"], f["y"]
+            model = f["embedding"].tobytes()
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise ValueError(f"corrupt i.o.r. monitor snapshot: {e}") from None
+    if len(x) != header["size"] or len(ids) != header["size"]:
+        raise ValueError("snapshot is truncated: sizes disagree")
+    header.setdefault("first", header.get("evicted", 0))  # written before segments existed
+    return header, ids, x, y, model
 
 
 def largest_ratios(first: int, size: int, found: Verified) -> tuple[np.ndarray, np.ndarray]:
