@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,7 +30,7 @@ from vigil.connectors.events import (
     encode,
     now_iso,
 )
-from vigil.daemon.adapters import Answer, Rule, RuleResult, StatePart
+from vigil.daemon.adapters import Answer, Rule, RuleResult
 from vigil.daemon.checkpoint import Checkpoint
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.state import Restored, StateStore, restore_partition
@@ -371,23 +372,29 @@ class Pipeline:
             self._snapshot(tp)
 
     def _snapshot(self, tp: TopicPartition) -> None:
-        """Snapshot every rule's state of ``tp`` as applied so far (written in a thread; the
-        bytes are taken now, so later batches do not leak in). While a job holds the commit
-        behind it, the store keeps the newest snapshot the commit covers as well."""
+        """Snapshot every stateful rule's state of ``tp`` as applied so far (the bytes are
+        taken now, so later batches do not leak in; written in the background). A rule with
+        no state there yet (no decision of its model so far) records that its state begins
+        here, so a restart does not re-read the partition for it. While a job holds the
+        commit behind it, the store keeps the newest snapshot the commit covers as well."""
         offset = self._next.get(tp)
         if offset is None or self.failed:
             return
         for rule in self._rules_for(tp[0]):
-            part = self.store.take(rule.name, tp, partial(rule.snapshot, tp))
-            if part is None:
+            if not rule.stateful:
                 continue
             # a rule restored from a newer snapshot skips records up to its own offset
             at = max(offset, self._apply_from.get((rule.name, tp), 0))
-            committed = self.checkpoint.target(tp)
+            part = self.store.take(rule.name, tp, partial(rule.snapshot, tp))
+            if part is None:
+                save = partial(self.store.mark_origin, rule.name, tp, at)
+            else:
+                committed = self.checkpoint.target(tp)
+                save = partial(self.store.save, rule.name, tp, at, part, committed)
             key = (rule.name, tp)
             after = self._writes.get(key)
             delivery = self.checkpoint.delivery
-            task = asyncio.create_task(self._write(key, at, part, committed, after, delivery))
+            task = asyncio.create_task(self._write(key, save, at, after, delivery))
             self._writes[key] = task
             task.add_done_callback(partial(self._written, key))
         self._unsnapshotted[tp] = 0
@@ -396,9 +403,8 @@ class Pipeline:
     async def _write(
         self,
         key: tuple[str, TopicPartition],
+        save: Callable[[], Awaitable[None]],
         offset: int,
-        part: StatePart,
-        committed: int,
         after: asyncio.Task | None,
         delivery: asyncio.Task | None,
     ) -> None:
@@ -417,7 +423,7 @@ class Pipeline:
             return
         started = time.perf_counter()
         try:
-            await self.store.save(rule, tp, offset, part, committed)
+            await save()
         except Exception as e:
             self.store.forget(rule, tp)
             log.error("snapshot_write_failed", rule=rule, tp=tp, offset=offset, error=repr(e))

@@ -301,6 +301,46 @@ def test_a_restart_restores_the_newest_snapshot_the_commit_covers(tmp_path):
     assert len(alerts) == len(expected)
 
 
+def test_a_rule_without_decisions_on_a_partition_resumes_where_it_stood(tmp_path):
+    """A rule whose model has no decision on a partition has no state to snapshot there; it
+    records where its state begins instead, so a restart resumes at the snapshot rather
+    than re-reading the partition (or reporting its deleted head as a gap) for that rule."""
+    rng = np.random.default_rng(6)
+    values = _decisions(rng.integers(0, 8, size=(200, 3)) / 8, rng.integers(0, 2, size=200))
+    store = FileStore(tmp_path)
+
+    def pipeline(source: MemorySource) -> Pipeline:
+        config = parse_config(
+            {
+                "files": {"decisions": "unused", "topic": "t"},
+                "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
+                "rules": [
+                    {"name": name, "kind": "ior", "topic": "t", "model": model, "eps": 0.25}
+                    for name, model in (("r", "m"), ("q", "other"))
+                ],
+            }
+        )
+        rules = [IorRule(rule) for rule in config.rules]
+        settings = PipelineSettings("dead", max_batch=37, snapshot_every_events=50)
+        return Pipeline(rules, source, MemorySink(), store, Metrics(), settings)
+
+    async def run(commits: list) -> MemorySource:
+        source = MemorySource("t", values)
+        source.commits = commits
+        daemon = pipeline(source)
+        await source.start(daemon.on_assign, daemon.on_revoke)
+        if not commits:
+            await daemon.run(asyncio.Event(), until_idle=True)
+            await daemon.snapshot_all()
+        return source
+
+    source = asyncio.run(run([]))
+    assert source.commits[-1] == {("t", 0): 200}
+    assert asyncio.run(store.load("q", ("t", 0)))[0] is None
+    assert store.origin("q", ("t", 0)) == 200
+    assert asyncio.run(run(source.commits))._next == 200
+
+
 class _AtTheEnd(MemorySource):
     """A source whose reset policy starts a partition without a commit at ``start``."""
 

@@ -199,8 +199,7 @@ class KafkaStore:
         """Read what the topic holds for source partition ``tp`` (its state partition from
         the beginning to the end offset found now)."""
         started = time.perf_counter()
-        for key in [k for k in self._held if k[1] == tp]:
-            del self._held[key]
+        self.close(tp)
         state_tp = KafkaTP(self.topic, tp[1] % self.partitions)
         consumer = await self._reader()
         consumer.assign([state_tp])
