@@ -141,6 +141,14 @@ class KafkaSource:
         await self._consumer.stop()
 
 
+# A transaction begun right after the previous commit is often refused with
+# CONCURRENT_TRANSACTIONS while the broker still writes that commit's markers; aiokafka
+# waits its retry backoff before asking again (a shorter wait only when the refusal comes
+# for a partition): with the default 100 ms, one in twelve back-to-back transactions
+# without alerts took over 90 ms, and exactly-once p99 latency passed 100 ms.
+TRANSACTION_RETRY_BACKOFF_MS = 20
+
+
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
     transaction that also commits the consumer offsets (exactly-once processing)."""
@@ -165,6 +173,7 @@ class KafkaSink:
             acks="all",
             transactional_id=transactional_id,
             linger_ms=5,
+            retry_backoff_ms=100 if transactional_id is None else TRANSACTION_RETRY_BACKOFF_MS,
         )
 
     async def start(self) -> None:
