@@ -82,14 +82,14 @@ class ScaleDaemon(Daemon):
     ``tag`` names its group and output topics, ``client_id`` its transactional id."""
 
     decisions: str = ""
-    store: str = "kafka"
+    state_settings: str = 'store = "kafka"'
 
     @property
     def topic(self) -> str:
         return self.decisions
 
-    def write_config(self) -> Path:
-        rules = "".join(
+    def rules_toml(self) -> str:
+        return "".join(
             f"""
 [[rules]]
 name = "m{k}"
@@ -102,50 +102,6 @@ backend = "auto"
 """
             for k in range(MODELS)
         )
-        path = self.workdir / "vigil.toml"
-        path.write_text(f"""
-[kafka]
-bootstrap_servers = "{self.bootstrap}"
-group_id = "vigil-{self.tag}"
-client_id = "{self.client_id}"
-exactly_once = {str(self.exactly_once).lower()}
-fetch_timeout_ms = 100
-session_timeout_ms = 6000
-auto_offset_reset = "earliest"
-
-[outputs]
-alerts_topic = "{self.alerts_topic}"
-dead_letter_topic = "{self.dead_topic}"
-verifications_topic = "{self.verifications_topic}"
-certifications_topic = "{self.certifications_topic}"
-
-[metrics]
-port = {self.port}
-
-[state]
-store = "{self.store}"
-dir = "state"
-snapshot_every_events = {self.snapshot_every_events}
-snapshot_every_seconds = 3600
-
-[logging]
-format = "json"
-level = "info"
-{rules}""")
-        return path
-
-    def held_partitions(self) -> set[int]:
-        """The partitions held now, from the assignment lines of the log."""
-        held: set[int] = set()
-        for line in self.log_text().splitlines():
-            if '"partition_' not in line:
-                continue
-            entry = orjson.loads(line)
-            if entry.get("event") == "partition_assigned":
-                held.add(entry["partition"])
-            elif entry.get("event") == "partition_revoked":
-                held.discard(entry["partition"])
-        return held
 
     def assignments(self) -> int:
         """How many partition assignments the log shows (4 in total when nothing moved)."""
@@ -537,7 +493,7 @@ async def restore(args: argparse.Namespace) -> None:
                     workdir,
                     decisions=topic,
                     tag=tag,
-                    store=store,
+                    state_settings=f'store = "{store}"',
                     snapshot_every_events=10**9,
                 )
                 started = time.perf_counter()

@@ -144,6 +144,12 @@ deadline_seconds = 20
 format = "json"
 level = "{self.log_level}"
 
+{self.rules_toml()}""")
+        return path
+
+    def rules_toml(self) -> str:
+        """The config's [[rules]]: the compas i.o.r. rule and ``extra_rules``."""
+        return f"""
 [[rules]]
 name = "compas-fairness"
 kind = "ior"
@@ -153,8 +159,23 @@ metric = "linf"
 eps = {self.eps}
 backend = "auto"
 {self.extra_rules.replace("{tag}", self.tag)}
-""")
-        return path
+"""
+
+    def held_partitions(self) -> set[int]:
+        """The partitions held now, as the log's assignment and revocation lines say."""
+        held: set[int] = set()
+        for line in self.log_text().splitlines():
+            if '"partition_assigned"' not in line and '"partition_revoked"' not in line:
+                continue
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:  # a line still being written
+                continue
+            if entry["event"] == "partition_assigned":
+                held.add(entry["partition"])
+            else:
+                held.discard(entry["partition"])
+        return held
 
     def create_topics(self) -> None:
         """Create every topic of this run up front: a send to a topic the broker is still

@@ -49,29 +49,12 @@ CHUNK = 600  # each model's 3000 decisions go out in five chunks
 CUT = 1500  # the head deleted from every partition once snapshots cover 1800 records
 
 
-def held(daemon: Daemon) -> set[int]:
-    """The partitions ``daemon`` holds, as its log of assignments and revocations says."""
-    owned: set[int] = set()
-    for line in daemon.log_text().splitlines():
-        if '"partition_assigned"' not in line and '"partition_revoked"' not in line:
-            continue
-        try:
-            event = orjson.loads(line)
-        except orjson.JSONDecodeError:  # a line still being written
-            continue
-        if event["event"] == "partition_assigned":
-            owned.add(event["partition"])
-        else:
-            owned.discard(event["partition"])
-    return owned
-
-
 async def settle(running: dict[str, Daemon], want: dict[str, int]) -> dict[int, str]:
     """Wait until the rebalance gave each running instance ``want[name]`` partitions (all
     of them, none twice) and each is ready; the owner of each partition."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        holdings = {name: held(d) for name, d in running.items()}
+        holdings = {name: d.held_partitions() for name, d in running.items()}
         owners = {p: name for name, ps in holdings.items() for p in ps}
         counts = {name: len(ps) for name, ps in holdings.items()}
         if counts == want and sorted(owners) == list(range(len(MODELS))):
@@ -205,7 +188,7 @@ async def test_moved_partitions_and_replaced_hosts_keep_alerts_exactly_once(
         # D is killed mid-stream: C takes its partitions; D's host comes back empty (the
         # same transactional id fences the transaction D left open) and takes some back
         producing = asyncio.ensure_future(send(3, pace=0.15))
-        d_parts = sorted(held(d))
+        d_parts = sorted(d.held_partitions())
         await wait_committed(d, 3 * CHUNK + 40, d_parts)
         assert not producing.done(), "chunk 3 was sent before the kill"
         d.kill()
