@@ -77,7 +77,6 @@ class Monitor:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
         self.backend = BACKENDS[backend](self.spec, self.history, **options)
-        self.backend.rebuild()
 
     @property
     def size(self) -> int:
@@ -131,7 +130,6 @@ class Monitor:
         self.backend = BACKENDS[self.backend.name](
             self.spec, self.history, **self.backend.options()
         )
-        self.backend.rebuild()
         self.evicted += count
 
     def ids(self, positions: Sequence[int] | np.ndarray) -> list:

@@ -66,7 +66,9 @@ class Backend(ABC):
     ``advance`` is called after rows ``start..stop-1`` were appended to the history. It
     indexes them and returns candidate pairs ``(q, j)`` with ``j < q`` for every ``q`` in
     that range. The candidates must include every true witness; the monitor drops the rest
-    with the exact distance, so a backend may over-approximate but never miss.
+    with the exact distance, so a backend may over-approximate but never miss. A new
+    backend indexes the history it is given; ``rebuild`` indexes it again after rows were
+    appended without ``advance`` (a restore).
     """
 
     name: ClassVar[str]
