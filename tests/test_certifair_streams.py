@@ -10,7 +10,9 @@ from tests.oracle import witness_sets
 from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+# bdd (about 1 ms per decision: a minute here) is compared with brute force on the compas
+# and german streams below and in the property tests.
+@pytest.mark.parametrize("backend", sorted(set(BACKENDS) - {"bdd"}))
 def test_adult_base_p1_known_counts(certifair_dir, backend):
     x, y = load_stream(certifair_dir / "adult-base-P1-combined.csv")
     monitor = Monitor(MonitorSpec(dim=x.shape[1], eps=0.04, metric="linf"), backend)
