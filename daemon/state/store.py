@@ -159,9 +159,9 @@ class FileStore:
 
     async def mark_origin(self, rule: str, tp: TopicPartition, offset: int) -> None:
         """Record that ``rule``'s state of ``tp`` begins at ``offset`` (a group that started
-        at the end of the partition), so a restart before the first snapshot replays from
-        there rather than from the partition's first record."""
-        atomic_write(self._dir(rule, tp) / _ORIGIN, orjson.dumps({"offset": offset}))
+        at the end of the partition, or a rule with no decision there yet), so a restart
+        before its first snapshot replays from there rather than from the first record."""
+        await self._mark(rule, tp, _ORIGIN, offset)
 
     def gap(self, rule: str, tp: TopicPartition) -> int | None:
         """The offset after the records ``rule``'s state of ``tp`` lacks, or None when its
@@ -172,10 +172,16 @@ class FileStore:
         """Record that ``rule``'s state of ``tp`` lacks records before ``offset`` that its
         group had read (retention deleted them before a snapshot covered them). It stays
         so, through snapshots and restarts, until the state is rebuilt (``clear_gap``)."""
-        atomic_write(self._dir(rule, tp) / _GAP, orjson.dumps({"offset": offset}))
+        await self._mark(rule, tp, _GAP, offset)
 
     async def clear_gap(self, rule: str, tp: TopicPartition) -> None:
         (self._dir(rule, tp) / _GAP).unlink(missing_ok=True)
+
+    async def _mark(self, rule: str, tp: TopicPartition, name: str, offset: int) -> None:
+        """Write a marker in a thread: origins are written at every snapshot, and the
+        write's fsyncs would stall the event loop."""
+        path = self._dir(rule, tp) / name
+        await asyncio.to_thread(atomic_write, path, orjson.dumps({"offset": offset}))
 
     def _marker(self, rule: str, tp: TopicPartition, name: str, corrupt: int) -> int | None:
         path = self._dir(rule, tp) / name
