@@ -57,14 +57,14 @@ from pathlib import Path
 import numpy as np
 import orjson
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from pipeline_bench import stream  # noqa: E402
 
-from tests.daemon_harness import Daemon, wait_http  # noqa: E402
+from tests.daemon_harness import Daemon, create_topic, wait_http  # noqa: E402
 from vigil.daemon.adapters import IorRule  # noqa: E402
 from vigil.daemon.config import parse_config  # noqa: E402
 from vigil.daemon.state import FileStore, KafkaStore  # noqa: E402
@@ -199,8 +199,7 @@ async def staged(
     """A new topic holding the decisions (list k in partition k) written in one open
     transaction: in the log, but invisible to read_committed consumers (the daemon) until
     the caller commits it. The topic is deleted on exit."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    await create_topic(bootstrap, topic, len(per_partition))
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=f"stage-{topic}",
@@ -209,7 +208,6 @@ async def staged(
         max_batch_size=1 << 20,
     )
     try:
-        await admin.create_topics([NewTopic(topic, len(per_partition), 1)])
         await producer.start()
         await producer.begin_transaction()
         for k, values in enumerate(per_partition):
@@ -220,8 +218,7 @@ async def staged(
         yield producer
     finally:
         await producer.stop()
-        await admin.delete_topics([topic])
-        await admin.close()
+        await delete_topics(bootstrap, [topic])
 
 
 async def counts(port: int) -> tuple[float, float]:
@@ -406,12 +403,7 @@ async def instances(args: argparse.Namespace) -> None:
 
 async def produce_partition(bootstrap: str, topic: str, values: list[bytes]) -> None:
     """A new one-partition topic holding ``values`` as model m0's decisions."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topic(bootstrap, topic)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await producer.start()
     try:

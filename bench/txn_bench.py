@@ -22,10 +22,9 @@ import time
 import uuid
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.daemon_harness import create_topic  # noqa: E402
 from vigil.connectors import kafka  # noqa: E402
 from vigil.connectors.base import OutMessage  # noqa: E402
 
@@ -36,12 +35,7 @@ async def run(bootstrap: str, backoff_ms: int, transactions: int) -> dict[str, l
     """Milliseconds of each delivery, by kind, with the sink's transactions retrying after
     ``backoff_ms``."""
     topic = f"txn-bench-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topic(bootstrap, topic)
     shipped, kafka.TRANSACTION_RETRY_BACKOFF_MS = kafka.TRANSACTION_RETRY_BACKOFF_MS, backoff_ms
     try:
         sink = kafka.KafkaSink(bootstrap, f"{topic}-group", transactional_id=topic)

@@ -242,6 +242,16 @@ backend = "auto"
         return (self.workdir / "daemon.log").read_text(errors="replace")
 
 
+async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    """Create ``topic`` (replication factor 1, the dev broker's)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
 async def produce(
     bootstrap: str,
     topic: str,
