@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import signal
 import time
 
@@ -18,6 +17,8 @@ import numpy as np
 import orjson
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from tests.daemon_harness import (
     Daemon,
@@ -82,20 +83,26 @@ async def wait_committed(daemon: Daemon, offset: int, partitions: range | list[i
         await admin.close()
 
 
+def samples(body: str) -> list[Sample]:
+    """Every sample of a /metrics page."""
+    return [s for family in text_string_to_metric_families(body) for s in family.samples]
+
+
 def metric(body: str, name: str, **labels: str) -> float:
     """The sample of ``name`` with exactly ``labels`` in a /metrics page."""
-    for sample, value in re.findall(rf"^{name}\{{([^}}]*)\}} (\S+)$", body, re.MULTILINE):
-        if dict(re.findall(r'(\w+)="([^"]*)"', sample)) == labels:
-            return float(value)
+    for s in samples(body):
+        if s.name == name and s.labels == labels:
+            return s.value
     raise AssertionError(f"no {name}{labels} in the metrics")
 
 
 def replayed(body: str) -> float:
     """Decisions the rules applied again on assignment (records before the commit)."""
-    samples = re.findall(
-        r'^vigil_events_total\{[^}]*outcome="replayed"[^}]*\} (\S+)$', body, re.MULTILINE
+    return sum(
+        s.value
+        for s in samples(body)
+        if s.name == "vigil_events_total" and s.labels.get("outcome") == "replayed"
     )
-    return sum(map(float, samples))
 
 
 async def test_moved_partitions_and_replaced_hosts_keep_alerts_exactly_once(
