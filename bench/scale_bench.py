@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from pipeline_bench import stream  # noqa: E402
 
-from tests.daemon_harness import Daemon, create_topic, wait_http  # noqa: E402
+from tests.daemon_harness import Daemon, create_topic, metric_samples, wait_http  # noqa: E402
 from vigil.daemon.adapters import IorRule  # noqa: E402
 from vigil.daemon.config import parse_config  # noqa: E402
 from vigil.daemon.state import FileStore, KafkaStore  # noqa: E402
@@ -225,10 +225,9 @@ async def counts(port: int) -> tuple[float, float]:
     """(checked, replayed) decisions over all rules, from the daemon's /metrics."""
     body = await wait_http(port, "/metrics")
     total = {"checked": 0.0, "replayed": 0.0}
-    for labels, value in re.findall(r"^vigil_events_total\{([^}]*)\} (\S+)$", body, re.M):
-        outcome = re.search(r'outcome="([^"]*)"', labels).group(1)
-        if outcome in total:
-            total[outcome] += float(value)
+    for s in metric_samples(body):
+        if s.name == "vigil_events_total" and s.labels.get("outcome") in total:
+            total[s.labels["outcome"]] += s.value
     return total["checked"], total["replayed"]
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from vigil.rules.ior import Monitor, MonitorSpec
 
@@ -240,6 +242,11 @@ backend = "auto"
 
     def log_text(self) -> str:
         return (self.workdir / "daemon.log").read_text(errors="replace")
+
+
+def metric_samples(body: str) -> list[Sample]:
+    """Every sample of a /metrics page."""
+    return [s for family in text_string_to_metric_families(body) for s in family.samples]
 
 
 async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:

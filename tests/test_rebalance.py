@@ -17,14 +17,13 @@ import numpy as np
 import orjson
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from tests.daemon_harness import (
     Daemon,
     consume_all,
     decision_events,
     expected_alerts,
+    metric_samples,
     produce,
     wait_http,
     witness_map,
@@ -83,14 +82,9 @@ async def wait_committed(daemon: Daemon, offset: int, partitions: range | list[i
         await admin.close()
 
 
-def samples(body: str) -> list[Sample]:
-    """Every sample of a /metrics page."""
-    return [s for family in text_string_to_metric_families(body) for s in family.samples]
-
-
 def metric(body: str, name: str, **labels: str) -> float:
     """The sample of ``name`` with exactly ``labels`` in a /metrics page."""
-    for s in samples(body):
+    for s in metric_samples(body):
         if s.name == name and s.labels == labels:
             return s.value
     raise AssertionError(f"no {name}{labels} in the metrics")
@@ -100,7 +94,7 @@ def replayed(body: str) -> float:
     """Decisions the rules applied again on assignment (records before the commit)."""
     return sum(
         s.value
-        for s in samples(body)
+        for s in metric_samples(body)
         if s.name == "vigil_events_total" and s.labels.get("outcome") == "replayed"
     )
 
