@@ -214,6 +214,28 @@ def test_long_streams_match_oracle(backend, stream, data):
     check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=seeded_streams())
+def test_grid_keys_are_every_spaced_feature_after_every_batch(stream):
+    """The grid tracks its key features' values batch by batch and re-plans from them, not
+    from the whole history: its keys must be exactly the features whose distinct values
+    (all so far) are more than eps apart."""
+    spec_kw, x, y, (sizes, _) = stream
+    spec = MonitorSpec(**spec_kw)
+    monitor = Monitor(spec, "grid")
+    pos = 0
+    for size in sizes:
+        monitor.check_batch(x[pos : pos + size], y[pos : pos + size])
+        pos += size
+        seen = monitor.history.x[: monitor.size]
+        spaced = tuple(
+            k
+            for k in range(seen.shape[1])
+            if np.all(np.diff(np.unique(seen[:, k] + 0.0)) > spec.eps * (1 + 1e-9))
+        )
+        assert monitor.backend.plan.keys == spaced
+
+
 @st.composite
 def wide_streams(draw):
     """More than 64 features: flat scans search in L2 as a prefilter for L-inf and L1."""

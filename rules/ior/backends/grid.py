@@ -52,6 +52,14 @@ class Plan:
     by_label: bool
 
 
+@dataclass(frozen=True)
+class _Probe:
+    """The rows a plan's cost is estimated on, with their keys' hash part."""
+
+    rows: np.ndarray
+    key_sum: np.ndarray
+
+
 def _mix(h: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Combine uint64 hash arrays (splitmix64 finaliser); arithmetic wraps by design."""
     with np.errstate(over="ignore"):
@@ -62,11 +70,27 @@ def _mix(h: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def _key_bits(values: np.ndarray) -> np.ndarray:
-    return (values + 0.0).view(np.uint64)
+    """The bits of float values, with -0.0 made 0.0 (equal values, equal bits)."""
+    return np.ascontiguousarray(values + 0.0).view(np.uint64)
+
+
+def _weights(first: int, count: int) -> np.ndarray:
+    """Odd multipliers for hash components ``first .. first + count - 1``."""
+    return _mix(np.full(count, _SEED), np.arange(first, first + count, dtype=np.uint64)) | 1
+
+
+def _term(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Components' contributions to a row hash: each value mixed, times its multiplier."""
+    with np.errstate(over="ignore"):
+        return _mix(values, weights) * weights
 
 
 class _Table:
-    """The hashed rows of one plan, sorted by hash."""
+    """The hashed rows of one plan, sorted by hash.
+
+    A row's hash is the finalised wrapped sum of one term per component (each key value,
+    each grid cell, the label), so a query's probes for every neighbouring cell and other
+    label are sums of precomputed terms: a few array operations whatever the plan's size."""
 
     def __init__(self, plan: Plan, eps: float) -> None:
         self.plan = plan
@@ -74,20 +98,61 @@ class _Table:
         self.width = 2 * eps * (1 + 4 * _MARGIN)
         self.hashes = np.empty(0, dtype=np.uint64)
         self.positions = np.empty(0, dtype=np.int64)
+        keys, grid = len(plan.keys), len(plan.grid)
+        self._key_weights = _weights(0, keys)
+        self._grid_weights = _weights(keys, grid)
+        self._label_weight = _weights(keys + grid, 1)
 
-    def _base(self, x: np.ndarray) -> np.ndarray:
-        h = np.full(len(x), _SEED, dtype=np.uint64)
-        for k in self.plan.keys:
-            h = _mix(h, _key_bits(x[:, k]))
-        return h
+    def _key_sum(self, x: np.ndarray) -> np.ndarray:
+        if not self.plan.keys:
+            return np.zeros(len(x), dtype=np.uint64)
+        bits = _key_bits(x[:, list(self.plan.keys)])
+        return _term(bits, self._key_weights).sum(axis=1, dtype=np.uint64)
 
-    def row_hashes(self, x: np.ndarray, y: np.ndarray | None) -> np.ndarray:
-        h = self._base(x)
-        for g in self.plan.grid:
-            h = _mix(h, np.floor(x[:, g] / self.width).astype(np.int64).view(np.uint64))
+    def _label_terms(self, labels: np.ndarray) -> np.ndarray:
+        return _term(labels.astype(np.int64).view(np.uint64), self._label_weight)
+
+    def row_hashes(
+        self, x: np.ndarray, y: np.ndarray | None, key_sum: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The rows' hashes; ``key_sum``, their keys' part, when it is known already (it
+        depends on the keys alone, so plans that differ in grid features share it)."""
+        total = self._key_sum(x) if key_sum is None else key_sum.copy()
+        if self.plan.grid:
+            cells = np.floor(x[:, list(self.plan.grid)] / self.width).astype(np.int64)
+            total += _term(cells.view(np.uint64), self._grid_weights).sum(axis=1, dtype=np.uint64)
         if self.plan.by_label:
-            h = _mix(h, y.astype(np.int64).view(np.uint64))
-        return h
+            total += self._label_terms(y)
+        return _mix(total, _SEED)
+
+    def probes(
+        self,
+        x: np.ndarray,
+        y: np.ndarray | None,
+        labels: np.ndarray,
+        key_sum: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(query row, probe hash) for every cell (and other label) a neighbour may sit in."""
+        n = len(x)
+        total = (self._key_sum(x) if key_sum is None else key_sum)[:, None]
+        valid = np.ones((n, 1), dtype=bool)
+        if self.plan.grid:
+            grid = list(self.plan.grid)
+            reach = self.eps * (1 + _MARGIN)
+            lo = np.floor((x[:, grid] - reach) / self.width).astype(np.int64)
+            straddles = np.floor((x[:, grid] + reach) / self.width).astype(np.int64) > lo
+            cells = np.stack([lo, lo + 1], axis=2).view(np.uint64)
+            terms = _term(cells, self._grid_weights[:, None])  # (row, grid feature, lo/up)
+            either = np.stack([np.ones_like(straddles), straddles], axis=2)
+            for i in range(len(grid)):
+                total = (total[:, :, None] + terms[:, None, i, :]).reshape(n, -1)
+                valid = (valid[:, :, None] & either[:, None, i, :]).reshape(n, -1)
+        if self.plan.by_label:
+            total = (total[:, :, None] + self._label_terms(labels)[None, None, :]).reshape(n, -1)
+            other = y[:, None] != labels[None, :]
+            valid = (valid[:, :, None] & other[:, None, :]).reshape(n, -1)
+        rows, columns = np.nonzero(valid)
+        return rows, _mix(total[rows, columns], _SEED)
 
     def insert(self, hashes: np.ndarray, positions: np.ndarray) -> None:
         order = np.argsort(hashes, kind="stable")
@@ -95,35 +160,6 @@ class _Table:
         at = np.searchsorted(self.hashes, hashes, side="right")
         self.hashes = np.insert(self.hashes, at, hashes)
         self.positions = np.insert(self.positions, at, positions)
-
-    def probes(
-        self, x: np.ndarray, y: np.ndarray | None, labels: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(query row, probe hash) for every cell (and other label) a neighbour may sit in."""
-        base = self._base(x)
-        reach = self.eps * (1 + _MARGIN)
-        grid = list(self.plan.grid)
-        lo = np.floor((x[:, grid] - reach) / self.width).astype(np.int64)
-        straddles = np.floor((x[:, grid] + reach) / self.width).astype(np.int64) > lo
-        rows_out, hashes_out = [], []
-        every = np.arange(len(x))
-        for combo in range(1 << len(grid)):
-            h, valid = base, np.ones(len(x), dtype=bool)
-            for i in range(len(grid)):
-                up = (combo >> i) & 1
-                if up:
-                    valid &= straddles[:, i]
-                h = _mix(h, (lo[:, i] + up).view(np.uint64))
-            if not self.plan.by_label:
-                rows_out.append(every[valid])
-                hashes_out.append(h[valid])
-                continue
-            for label in labels:
-                sel = valid & (y != label)
-                rows_out.append(every[sel])
-                tag = np.full(int(sel.sum()), label, dtype=np.int64).view(np.uint64)
-                hashes_out.append(_mix(h[sel], tag))
-        return np.concatenate(rows_out), np.concatenate(hashes_out)
 
     def lookup(self, probe_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return (
@@ -144,21 +180,30 @@ class GridBackend(Backend):
         return self._table.plan
 
     def rebuild(self) -> None:
-        h = self.history
-        plan = self._choose_plan(h.size)
-        self._table = _Table(plan, self.spec.eps)
+        h, eps = self.history, self.spec.eps
         self._labels = self._distinct_labels(np.arange(h.size))
-        self._key_values = {k: np.unique(h.x[:, k] + 0.0) for k in plan.keys}
-        self._replan_at = max(_FIRST_PLAN, 4 * h.size)
-        self._table.insert(self._hashes(np.arange(h.size)), np.arange(h.size, dtype=np.int64))
+        values = (np.unique(h.x[:, k] + 0.0) for k in range(h.x.shape[1]))
+        self._key_values = {k: v for k, v in enumerate(values) if _spaced(v, eps)}
+        self._index_key_values()
+        self._index(self._choose_plan(h.size))
+
+    def _index(self, plan: Plan) -> None:
+        size = self.history.size
+        self._table = _Table(plan, self.spec.eps)
+        self._replan_at = max(_FIRST_PLAN, 4 * size)
+        self._table.insert(self._hashes(np.arange(size)), np.arange(size, dtype=np.int64))
 
     def advance(self, start: int, stop: int) -> Pairs:
         h = self.history
         rows = np.arange(start, stop)
         self._labels = np.union1d(self._labels, self._distinct_labels(rows))
-        if stop >= self._replan_at or not self._still_valid(rows):
+        if not self._still_valid(rows):
             self.rebuild()
+        elif stop >= self._replan_at and (plan := self._choose_plan(stop)) != self.plan:
+            self._index(plan)
         else:
+            if stop >= self._replan_at:  # planned again, to the same plan: the table stays
+                self._replan_at = 4 * stop
             self._table.insert(self._hashes(rows), rows)
         x = h.x[start:stop]
         y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
@@ -182,33 +227,60 @@ class GridBackend(Backend):
     def _still_valid(self, rows: np.ndarray) -> bool:
         """Whether new rows keep the key spacing and the grid magnitude bounds."""
         x, eps = self.history.x[rows], self.spec.eps
-        for k in self.plan.grid:
-            if np.abs(x[:, k]).max(initial=0.0) > _MAX_CELLS * eps:
+        grid = list(self.plan.grid)
+        if grid and np.abs(x[:, grid]).max(initial=0.0) > _MAX_CELLS * eps:
+            return False
+        changed = self._keys_with_new_values(x)
+        for k in changed:
+            merged = np.union1d(self._key_values[k], x[:, k] + 0.0)
+            if not _spaced(merged, eps):
                 return False
-        for k, seen in self._key_values.items():
-            values = np.unique(x[:, k] + 0.0)
-            if np.setdiff1d(values, seen, assume_unique=True).size:
-                merged = np.union1d(seen, values)
-                if not _spaced(merged, eps):
-                    return False
-                self._key_values[k] = merged
+            self._key_values[k] = merged
+        if changed:
+            self._index_key_values()
         return True
 
+    def _index_key_values(self) -> None:
+        """Every value seen in some key feature, and in which ones: one membership test for
+        a whole batch, as almost every batch brings no new key value."""
+        keys = list(self._key_values)
+        values = [self._key_values[k] for k in keys]
+        self._seen = np.unique(np.concatenate(values)) if keys else np.empty(0)
+        self._seen_in = np.zeros((len(self._seen), len(keys)), dtype=bool)
+        for i, v in enumerate(values):
+            self._seen_in[np.searchsorted(self._seen, v), i] = True
+
+    def _keys_with_new_values(self, x: np.ndarray) -> list[int]:
+        keys = list(self._key_values)
+        if not keys or not len(x):
+            return []
+        values, codes = np.unique(x[:, keys].ravel() + 0.0, return_inverse=True)
+        present = np.zeros((len(values), len(keys)), dtype=bool)
+        present[codes.reshape(len(x), len(keys)), np.arange(len(keys))] = True
+        if len(self._seen):
+            at = np.minimum(np.searchsorted(self._seen, values), len(self._seen) - 1)
+            present &= ~(self._seen_in[at] & (self._seen[at] == values)[:, None])
+        return [keys[i] for i in np.flatnonzero(present.any(axis=0))]
+
     def _choose_plan(self, n: int) -> Plan:
+        """Keys: every feature whose values are spaced (known from ``_key_values``: values
+        only lose their spacing as rows arrive). Grid features: added greedily while the
+        cost predicted from a sample falls by 10% or more."""
         h, eps = self.history, self.spec.eps
         x = h.x
-        keys = tuple(k for k in range(x.shape[1]) if _spaced(np.unique(x[:, k] + 0.0), eps))
-        by_label = self.spec.output is OutputKind.LABEL and len(np.unique(h.y)) <= 4
+        keys = tuple(self._key_values)
+        by_label = self.spec.output is OutputKind.LABEL and len(self._labels) <= 4
         if eps == 0 or n < _FIRST_PLAN:
             return Plan(keys, (), by_label)
         bound = _MAX_CELLS * eps
         free = [k for k in range(x.shape[1]) if k not in keys and np.abs(x[:, k]).max() <= bound]
         rng = np.random.default_rng(n)
         sample = np.sort(rng.choice(n, size=min(n, _PLAN_SAMPLE), replace=False))
+        probe = _Probe(sample, _Table(Plan(keys, (), by_label), eps)._key_sum(x[sample]))
         grid: tuple[int, ...] = ()
-        best = self._estimate(Plan(keys, grid, by_label), sample, n)
+        best = self._estimate(Plan(keys, grid, by_label), probe, n)
         while free and len(grid) < _MAX_GRID:
-            costs = {k: self._estimate(Plan(keys, (*grid, k), by_label), sample, n) for k in free}
+            costs = {k: self._estimate(Plan(keys, (*grid, k), by_label), probe, n) for k in free}
             k = min(costs, key=costs.__getitem__)
             if costs[k] >= 0.9 * best:
                 break
@@ -216,13 +288,13 @@ class GridBackend(Backend):
             free.remove(k)
         return Plan(keys, grid, by_label)
 
-    def _estimate(self, plan: Plan, sample: np.ndarray, n: int) -> float:
+    def _estimate(self, plan: Plan, sampled: _Probe, n: int) -> float:
         """Predicted cost per query at twice the current size, from probing the sample."""
-        h = self.history
+        h, sample = self.history, sampled.rows
         table = _Table(plan, self.spec.eps)
         y = h.y[sample] if self.spec.output is OutputKind.LABEL else None
-        table.insert(table.row_hashes(h.x[sample], y), sample)
-        _, probe = table.probes(h.x[sample], y, self._distinct_labels(sample))
+        table.insert(table.row_hashes(h.x[sample], y, sampled.key_sum), sample)
+        _, probe = table.probes(h.x[sample], y, self._distinct_labels(sample), sampled.key_sum)
         lo, hi = table.lookup(probe)
         s = len(sample)
         candidates = float((hi - lo).sum()) / s * (2 * n / s)
