@@ -8,7 +8,8 @@ For each delivery mode (at-least-once, exactly-once), in one run:
    them; decisions per second = N / (time of the last check - time of the first check),
    read from the daemon's own `vigil_events_total` counter;
 2. latency: with the daemon caught up, decisions are produced at ``--rate`` per second and
-   every alert's arrival (read_committed) is matched with its decision's send time: p50/p99.
+   every alert's arrival (read_committed, timed in a process of its own) is matched with
+   its decision's send time: p50/p99.
 The daemon's peak resident memory (VmHWM) is reported after each mode. The stream is
 adult-base-P1 from ../shared/data when present (repeated to reach N), else a synthetic
 stream of the same shape (30 features, 26 binary).
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import multiprocessing
 import re
 import statistics
 import sys
@@ -130,47 +133,68 @@ async def latency_phase(args, daemon: Daemon, x, y) -> dict:
     count = min(len(x), args.rate * args.latency_seconds)
     # a shifted copy of the stream's start: new decisions with the same witness structure
     values = events(x[:count] + 10.0, y[:count], start=10**9)
-    consumer = AIOKafkaConsumer(
-        daemon.alerts_topic,
-        bootstrap_servers=args.bootstrap,
-        isolation_level="read_committed",
-        auto_offset_reset="latest",
+    spawn = multiprocessing.get_context("spawn")
+    ready, stop = spawn.Event(), spawn.Event()
+    received, sender = spawn.Pipe(duplex=False)
+    timer = spawn.Process(
+        target=time_alerts, args=(args.bootstrap, daemon.alerts_topic, ready, stop, sender)
     )
-    await consumer.start()
-    await consumer.getmany(timeout_ms=500)
-    sent: dict[int, float] = {}
-    latencies: list[float] = []
-
-    async def collect():
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            now = time.perf_counter()
-            for records in batches.values():
-                for r in records:
-                    ident = orjson.loads(r.value)["decision"]["id"]
-                    if ident in sent:
-                        latencies.append(now - sent[ident])
-
-    collector = asyncio.create_task(collect())
+    timer.start()
+    while not ready.wait(0):
+        await asyncio.sleep(0.05)
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, linger_ms=1)
     await producer.start()
-    start = time.perf_counter()
-    for i, v in enumerate(values):
-        due = start + i / args.rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await producer.send(daemon.topic, v, key=b"compas")
-        sent[10**9 + i] = time.perf_counter()
-    await producer.flush()
-    await producer.stop()
+    sent: dict[int, float] = {}
+    gc.disable()  # the producing loop's own pauses would be counted as latency
+    try:
+        start = time.monotonic()
+        for i, v in enumerate(values):
+            delay = start + i / args.rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await producer.send(daemon.topic, v, key=b"compas")
+            sent[10**9 + i] = time.monotonic()
+        await producer.flush()
+    finally:
+        gc.enable()
+        await producer.stop()
     await asyncio.sleep(3)
-    collector.cancel()
-    await consumer.stop()
+    stop.set()
+    arrivals = await asyncio.to_thread(received.recv)
+    timer.join()
+    latencies = [at - sent[ident] for ident, at in arrivals if ident in sent]
     if not latencies:
         return {"alerts_timed": 0, "p50_ms": float("nan"), "p99_ms": float("nan")}
     q = statistics.quantiles(latencies, n=100)
     return {"alerts_timed": len(latencies), "p50_ms": 1e3 * q[49], "p99_ms": 1e3 * q[98]}
+
+
+def time_alerts(bootstrap: str, topic: str, ready, stop, out) -> None:
+    """In a process of its own (so that producing does not delay the clock on arrivals):
+    (decision id, monotonic time) of every alert read (read_committed) until ``stop``."""
+
+    async def collect() -> list[tuple[int, float]]:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            isolation_level="read_committed",
+            auto_offset_reset="latest",
+        )
+        await consumer.start()
+        arrivals = []
+        try:
+            await consumer.getmany(timeout_ms=500)
+            ready.set()
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=100)
+                now = time.monotonic()
+                for records in batches.values():
+                    arrivals += [(orjson.loads(r.value)["decision"]["id"], now) for r in records]
+        finally:
+            await consumer.stop()
+        return arrivals
+
+    out.send(asyncio.run(collect()))
 
 
 async def main() -> int:
