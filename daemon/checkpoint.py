@@ -8,9 +8,12 @@ record and answers it again. A delivery that fails leaves the checkpoint ``faile
 read positions have already moved past answers that were not delivered, so nothing more may
 be committed or snapshotted; the restart replays from the last commit instead.
 
-``send`` does not wait for the delivery it starts, so the loop checks the next batch while
-the broker acknowledges this one; deliveries still run one at a time and in order (each
-waits for the previous), so every commit still follows the acknowledgement of its answers.
+``send`` starts a delivery without waiting for it (snapshots taken meanwhile wait for it
+instead), and deliveries run one at a time and in order, so every commit follows the
+acknowledgement of its answers. The daemon's loop settles each delivery before its next
+fetch: a batch fetched while the previous one is delivered would wait for that delivery and
+then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
+at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching).
 """
 
 from __future__ import annotations

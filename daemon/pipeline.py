@@ -247,11 +247,11 @@ class Pipeline:
     async def _process(
         self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
     ) -> None:
-        """Check one fetched batch and start its delivery and commit (the loop checks the
-        next batch meanwhile). ``fetched_at`` (the assignment count of each partition when
-        the fetch began) marks partitions (re)assigned meanwhile: their records may predate
-        the assignment's seek, so they are dropped and the partition is sought back to where
-        processing stands, to be read again in order."""
+        """Check one fetched batch and start its delivery and commit (the loop settles it
+        before the next fetch, see daemon/checkpoint.py). ``fetched_at`` (the assignment
+        count of each partition when the fetch began) marks partitions (re)assigned
+        meanwhile: their records may predate the assignment's seek, so they are dropped and
+        the partition is sought back to where processing stands, to be read again in order."""
         started = time.perf_counter()
         async with self._lock:
             answers: list[Answer] = []
