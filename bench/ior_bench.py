@@ -1,6 +1,7 @@
 """i.o.r. monitor throughput: Vigil's backends against a per-decision Faiss brute force.
 
     python bench/ior_bench.py [--stream adult-base-P1] [--eps 0.04] [--repeats 3]
+                              [--batch-size 4096] [--backends auto,grid]
     python bench/ior_bench.py --scaling [--n 1000000]
 
 The baseline is the research tool's BF strategy: one Faiss ``IndexFlat`` per label, one
@@ -87,7 +88,7 @@ def compare(args) -> int:
         f"{len(truth):>8}"
     )
     ok = True
-    for name in BACKENDS:
+    for name in args.backends.split(","):
         reps = args.repeats if name == "auto" else 1
         t, (monitor, pairs) = timed(
             lambda name=name: run_monitor(x, y, args.eps, name, args.batch_size), reps
@@ -136,6 +137,7 @@ def main() -> int:
     p.add_argument("--stream", default="adult-base-P1")
     p.add_argument("--eps", type=float, default=None)
     p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: all)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline-repeats", type=int, default=1)
     p.add_argument("--scaling", action="store_true")

@@ -252,15 +252,12 @@ class GridBackend(Backend):
 
     def _keys_with_new_values(self, x: np.ndarray) -> list[int]:
         keys = list(self._key_values)
-        if not keys or not len(x):
-            return []
-        values, codes = np.unique(x[:, keys].ravel() + 0.0, return_inverse=True)
-        present = np.zeros((len(values), len(keys)), dtype=bool)
-        present[codes.reshape(len(x), len(keys)), np.arange(len(keys))] = True
-        if len(self._seen):
-            at = np.minimum(np.searchsorted(self._seen, values), len(self._seen) - 1)
-            present &= ~(self._seen_in[at] & (self._seen[at] == values)[:, None])
-        return [keys[i] for i in np.flatnonzero(present.any(axis=0))]
+        if not keys or not len(x) or not len(self._seen):
+            return keys if len(x) else []
+        values = x[:, keys] + 0.0
+        at = np.minimum(np.searchsorted(self._seen, values), len(self._seen) - 1)
+        known = (self._seen[at] == values) & self._seen_in[at, np.arange(len(keys))]
+        return [keys[i] for i in np.flatnonzero(~known.all(axis=0))]
 
     def _choose_plan(self, n: int) -> Plan:
         """Keys: every feature whose values are spaced (known from ``_key_values``: values
