@@ -1,0 +1,72 @@
+"""What the Kafka source and sink add to aiokafka for latency: a fetch reads what arrived
+while the previous batch was checked, and the exactly-once sink asks again soon for a
+transaction the broker refused while it still wrote the previous commit's markers."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import SimpleNamespace
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ConcurrentTransactions
+from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler
+from aiokafka.structs import TopicPartition
+
+from tests.daemon_harness import create_topic
+from vigil.connectors.kafka import TRANSACTION_RETRY_BACKOFF_MS, KafkaSink, KafkaSource
+
+
+def refused_for(topic: str) -> SimpleNamespace:
+    return SimpleNamespace(errors=[(topic, [(0, ConcurrentTransactions.errno)])])
+
+
+async def test_a_fetch_takes_the_records_that_arrived_after_the_buffered_ones(kafka_bootstrap):
+    """The consumer keeps one response buffered per partition; a fetch that takes it must
+    also take the records the broker received since, not leave them for the next batch."""
+    topic = f"fetch-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+
+    async def produce(prefix: str) -> list[bytes]:
+        values = [f"{prefix}{i}".encode() for i in range(10)]
+        for v in values:
+            await producer.send(topic, v)
+        await producer.flush()
+        return values
+
+    async def nothing(_tps) -> None:
+        return None
+
+    # a generous wait: a fetch returns as soon as the records are there
+    source = KafkaSource([topic], kafka_bootstrap, f"g-{topic}", fresh_fetch_wait_ms=2000)
+    await source.start(nothing, nothing)
+    try:
+        first = await produce("a")
+        got: list[bytes] = []
+        while len(got) < len(first):
+            got += [r.value for r in await source.fetch(100, 5000)]
+        assert got == first
+        buffered = await produce("b")
+        await asyncio.sleep(1)  # the consumer's next response (these) is buffered by now
+        fresh = await produce("c")
+        assert [r.value for r in await source.fetch(100, 5000)] == buffered + fresh
+    finally:
+        await source.stop()
+        await producer.stop()
+
+
+async def test_a_refused_transaction_is_asked_again_after_the_sinks_backoff():
+    assert TRANSACTION_RETRY_BACKOFF_MS < 20  # below aiokafka's fixed wait for a partition
+    sink = KafkaSink("127.0.0.1:1", "group", transactional_id="vigil-test")
+    sender = sink._producer._sender
+    expected = TRANSACTION_RETRY_BACKOFF_MS / 1000
+    # a batch with alerts: the first partition of the transaction is refused
+    partitions = AddPartitionsToTxnHandler(sender, [TopicPartition("alerts", 0)])
+    assert partitions.handle_response(refused_for("alerts")) == expected
+    # a batch of offsets only: the group's offsets are refused
+    offsets = AddOffsetsToTxnHandler(sender, "group")
+    assert offsets.handle_response(SimpleNamespace(error_code=ConcurrentTransactions.errno)) == (
+        expected
+    )
