@@ -167,7 +167,8 @@ CONCURRENT_TRANSACTIONS while the broker still writes that commit's markers, and
 again after this wait. aiokafka waits its retry backoff (default 100 ms), or, when the
 refusal comes for a partition (a batch with alerts), a fixed 20 ms (``BACKOFF_OVERRIDE``);
 Java's client takes the smaller of the two, as ``_retry_transactions_after`` does. Every
-exactly-once delivery waited one of these (bench/txn_bench.py: 25-27 ms -> 9-11 ms)."""
+exactly-once delivery waited one of these (bench/txn_bench.py, median delivery of a batch
+with alerts: 26.7 ms with aiokafka's waits, 12.2 ms with this one)."""
 
 
 def _retry_transactions_after(backoff_ms: int) -> None:
