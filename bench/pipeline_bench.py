@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from streams import CERTIFAIR_ZIP, certifair  # noqa: E402
 
-from tests.daemon_harness import Daemon, wait_http  # noqa: E402
+from tests.daemon_harness import Daemon, metric_samples, wait_http  # noqa: E402
 
 
 def stream(n: int) -> tuple[np.ndarray, np.ndarray, str]:
@@ -81,10 +81,12 @@ async def produce_all(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 async def checked(port: int) -> float:
     body = await wait_http(port, "/metrics")
-    m = re.search(
-        r'vigil_events_total\{outcome="checked",rule="compas-fairness"\} ([0-9.e+]+)', body
+    return sum(
+        s.value
+        for s in metric_samples(body)
+        if s.name == "vigil_events_total"
+        and s.labels == {"outcome": "checked", "rule": "compas-fairness"}
     )
-    return float(m.group(1)) if m else 0.0
 
 
 async def drain_rate(port: int, n: int) -> float:

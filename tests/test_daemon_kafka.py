@@ -15,6 +15,7 @@ import pytest
 from tests.daemon_harness import (
     Daemon,
     consume_all,
+    create_topic,
     decision_events,
     expected_alerts,
     produce,
@@ -225,18 +226,12 @@ async def test_bad_input_goes_to_dead_letters_and_metrics_move(kafka_bootstrap, 
 
 async def test_rebalance_moves_a_partition_and_its_series(kafka_bootstrap, tmp_path):
     from aiokafka import AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     first = Daemon(kafka_bootstrap, tmp_path / "a", exactly_once=False)
     second = Daemon(kafka_bootstrap, tmp_path / "b", exactly_once=False, tag=first.tag)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(first.topic, num_partitions=2, replication_factor=1)])
-    finally:
-        await admin.close()
+    await create_topic(kafka_bootstrap, first.topic, 2)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:

@@ -8,12 +8,11 @@ import asyncio
 import uuid
 from types import SimpleNamespace
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import ConcurrentTransactions
 from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler
 from aiokafka.structs import TopicPartition
 
-from tests.daemon_harness import create_topic
+from tests.daemon_harness import create_topic, produce
 from vigil.connectors.kafka import TRANSACTION_RETRY_BACKOFF_MS, KafkaSink, KafkaSource
 
 
@@ -26,14 +25,10 @@ async def test_a_fetch_takes_the_records_that_arrived_after_the_buffered_ones(ka
     also take the records the broker received since, not leave them for the next batch."""
     topic = f"fetch-{uuid.uuid4().hex[:8]}"
     await create_topic(kafka_bootstrap, topic)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
 
-    async def produce(prefix: str) -> list[bytes]:
+    async def sent(prefix: str) -> list[bytes]:
         values = [f"{prefix}{i}".encode() for i in range(10)]
-        for v in values:
-            await producer.send(topic, v)
-        await producer.flush()
+        await produce(kafka_bootstrap, topic, values)
         return values
 
     async def nothing(_tps) -> None:
@@ -43,18 +38,17 @@ async def test_a_fetch_takes_the_records_that_arrived_after_the_buffered_ones(ka
     source = KafkaSource([topic], kafka_bootstrap, f"g-{topic}", fresh_fetch_wait_ms=2000)
     await source.start(nothing, nothing)
     try:
-        first = await produce("a")
+        first = await sent("a")
         got: list[bytes] = []
         while len(got) < len(first):
             got += [r.value for r in await source.fetch(100, 5000)]
         assert got == first
-        buffered = await produce("b")
+        buffered = await sent("b")
         await asyncio.sleep(1)  # the consumer's next response (these) is buffered by now
-        fresh = await produce("c")
+        fresh = await sent("c")
         assert [r.value for r in await source.fetch(100, 5000)] == buffered + fresh
     finally:
         await source.stop()
-        await producer.stop()
 
 
 async def test_a_refused_transaction_is_asked_again_after_the_sinks_backoff():

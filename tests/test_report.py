@@ -19,6 +19,7 @@ import pytest
 
 from tests.cli_support import cli_error, run_cli
 from tests.conftest import load_stream
+from tests.daemon_harness import create_topic
 from vigil.connectors.kafka import read_committed
 from vigil.daemon.cli import main
 from vigil.daemon.demo import bundled_stream, write_decision_events
@@ -390,22 +391,11 @@ async def _topics(bootstrap: str) -> set[str]:
         await consumer.stop()
 
 
-async def _create(bootstrap: str, topic: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
-
-
 def test_kafka_reader_returns_exactly_the_committed_alerts(kafka_bootstrap, tmp_path, capsys):
     from aiokafka import AIOKafkaProducer
 
     topic = f"vigil.report.{uuid.uuid4().hex[:8]}"
-    asyncio.run(_create(kafka_bootstrap, topic, 2))
+    asyncio.run(create_topic(kafka_bootstrap, topic, 2))
     asyncio.run(_produce(kafka_bootstrap, topic))
 
     async def with_open_transaction() -> tuple[list, list]:
