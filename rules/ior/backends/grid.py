@@ -81,13 +81,11 @@ def _term(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
         return _mix(values, weights) * weights
 
 
-def _key_sums(x: np.ndarray, keys: tuple[int, ...]) -> np.ndarray:
-    """The key values' part of each row's hash: it depends on the keys alone, so plans that
-    differ in grid features share it."""
-    if not keys:
-        return np.zeros(len(x), dtype=np.uint64)
-    bits = _columns(x, keys).view(np.uint64)
-    return _term(bits, _weights(0, len(keys))).sum(axis=1, dtype=np.uint64)
+def _key_sums(key_values: np.ndarray) -> np.ndarray:
+    """The key part of each row's hash, from the rows' key columns (``_columns``): it
+    depends on the keys alone, so plans that differ in grid features share it."""
+    bits = key_values.view(np.uint64)
+    return _term(bits, _weights(0, bits.shape[1])).sum(axis=1, dtype=np.uint64)
 
 
 class _Table:
@@ -183,7 +181,7 @@ class GridBackend(Backend):
         values = (np.unique(h.x[:, k] + 0.0) for k in range(h.x.shape[1]))
         self._key_values = {k: v for k, v in enumerate(values) if _spaced(v, eps)}
         self._index_key_values()
-        self._sums = _key_sums(h.x, tuple(self._key_values))
+        self._sums = _key_sums(_columns(h.x, list(self._key_values)))
         self._index(self._choose_plan(h.size))
 
     def _index(self, plan: Plan) -> None:
@@ -196,12 +194,13 @@ class GridBackend(Backend):
         h = self.history
         rows = np.arange(start, stop)
         self._labels = np.union1d(self._labels, self._distinct_labels(rows))
-        if not self._still_valid(rows):
+        keyed = _columns(h.x[start:stop], self.plan.keys)
+        if not self._still_valid(rows, keyed):
             self.rebuild()
         else:
             if stop > len(self._sums):  # room for the new rows' key sums, amortised
                 self._sums = np.resize(self._sums, max(stop, 2 * len(self._sums)))
-            self._sums[start:stop] = _key_sums(h.x[start:stop], self.plan.keys)
+            self._sums[start:stop] = _key_sums(keyed)
             if stop >= self._replan_at and (plan := self._choose_plan(stop)) != self.plan:
                 self._index(plan)
             else:
@@ -227,13 +226,14 @@ class GridBackend(Backend):
             return np.empty(0, dtype=np.int64)
         return np.unique(self.history.y[rows])
 
-    def _still_valid(self, rows: np.ndarray) -> bool:
-        """Whether new rows keep the key spacing and the grid magnitude bounds."""
+    def _still_valid(self, rows: np.ndarray, keyed: np.ndarray) -> bool:
+        """Whether new rows (``keyed``: their key columns) keep the key spacing and the grid
+        magnitude bounds."""
         x, eps = self.history.x[rows], self.spec.eps
         grid = list(self.plan.grid)
         if grid and np.abs(_columns(x, grid)).max(initial=0.0) > _MAX_CELLS * eps:
             return False
-        changed = self._keys_with_new_values(x)
+        changed = self._keys_with_new_values(keyed)
         for k in changed:
             merged = np.union1d(self._key_values[k], x[:, k] + 0.0)
             if not _spaced(merged, eps):
@@ -253,11 +253,10 @@ class GridBackend(Backend):
         for i, v in enumerate(values):
             self._seen_in[np.searchsorted(self._seen, v), i] = True
 
-    def _keys_with_new_values(self, x: np.ndarray) -> list[int]:
+    def _keys_with_new_values(self, values: np.ndarray) -> list[int]:
         keys = list(self._key_values)
-        if not keys or not len(x) or not len(self._seen):
-            return keys if len(x) else []
-        values = _columns(x, keys)
+        if not keys or not len(values) or not len(self._seen):
+            return keys if len(values) else []
         at = np.minimum(np.searchsorted(self._seen, values), len(self._seen) - 1)
         known = (self._seen[at] == values) & self._seen_in[at, np.arange(len(keys))]
         return [keys[i] for i in np.flatnonzero(~known.all(axis=0))]
