@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -296,26 +297,27 @@ class Pipeline:
         if not rules:
             return out
         decisions: list[Decision] = []
+        by_model: dict[str, list[Decision]] = defaultdict(list)
         for r in records:
             try:
-                decisions.append(decode_decision(r))
+                d = decode_decision(r)
             except BadEvent as e:
                 if r.offset >= emit_from:
                     out.append(self._dead(r, e.reason, str(e)))
-        routed = [False] * len(decisions)
+                continue
+            decisions.append(d)
+            by_model[d.model].append(d)
+        routed: set[str] = set()
         for rule in rules:
-            apply_from = self._apply_from[(rule.name, tp)]
-            mine = []
-            for i, d in enumerate(decisions):
-                if rule.matches(d):
-                    routed[i] = True
-                    if d.record.offset >= apply_from:
-                        mine.append(d)
+            served = [model for model in by_model if rule.serves(model)]
+            routed.update(served)
+            mine = _of_models(decisions, by_model, served)
+            mine = mine[_first_at(mine, self._apply_from[(rule.name, tp)]) :]
             if not mine:
                 continue
             result = await rule.check(tp, mine, emit_from)
             # decisions applied again after a restart; dead letters are not applied
-            replayed = sum(1 for d in mine if d.record.offset < emit_from) - sum(
+            replayed = _first_at(mine, emit_from) - sum(
                 1 for record, _, _ in result.dead if record.offset < emit_from
             )
             m = self.metrics
@@ -327,7 +329,7 @@ class Pipeline:
             m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
             m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
             out += self._outputs(rule, tp, result, emit_from)
-        unrouted = routed.count(False)
+        unrouted = sum(len(ds) for model, ds in by_model.items() if model not in routed)
         if unrouted:
             self.metrics.events.labels("", "unrouted").inc(unrouted)
         return out
@@ -460,3 +462,22 @@ class Pipeline:
             for (topic, partition), lag in lags.items():
                 if (topic, partition) in self._emit_from:
                     self.metrics.consumer_lag.labels(topic, str(partition)).set(lag)
+
+
+def _of_models(
+    decisions: list[Decision], by_model: dict[str, list[Decision]], models: list[str]
+) -> list[Decision]:
+    """The decisions of ``models``, in stream order (``by_model``: ``decisions`` grouped)."""
+    if len(models) == len(by_model):
+        return decisions
+    if len(models) == 1:
+        return by_model[models[0]]
+    wanted = set(models)
+    return [d for d in decisions if d.model in wanted]
+
+
+def _first_at(decisions: list[Decision], offset: int) -> int:
+    """The index of the first decision at ``offset`` or later (offsets increase)."""
+    if not decisions or decisions[0].record.offset >= offset:
+        return 0
+    return bisect_left(decisions, offset, key=lambda d: d.record.offset)

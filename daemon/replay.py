@@ -110,7 +110,7 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
     )
     monitor = Monitor(spec, backend, embedding, opts.history_limit, **backend_options)
     labels = LabelCodes()
-    output_value = labels.decode if spec.output is OutputKind.LABEL else _vector
+    output_value = labels.decode if spec.output is OutputKind.LABEL else None
     flagged = pairs = decisions = above = 0
     max_ratio = check_seconds = parse_seconds = 0.0
     sink = open(opts.alerts_out, "wb") if opts.alerts_out else nullcontext()  # noqa: SIM115
@@ -169,10 +169,6 @@ def replay(path: Path, opts: ReplayOptions) -> dict[str, Any]:
         summary["max_ratio"] = max_ratio if math.isfinite(max_ratio) else None
         summary["alerted"] = above
     return summary
-
-
-def _vector(y: np.ndarray) -> list[float]:
-    return [float(v) for v in y]
 
 
 def _feature_indices(features: list[str], names: Sequence[str], option: str) -> tuple[int, ...]:

@@ -341,6 +341,49 @@ def test_a_rule_without_decisions_on_a_partition_resumes_where_it_stood(tmp_path
     assert asyncio.run(run(source.commits))._next == 200
 
 
+@pytest.mark.parametrize("second", ["b", None])
+def test_each_rule_checks_the_decisions_of_its_model_in_stream_order(tmp_path, second):
+    """Decisions of several models interleaved in one topic: each rule's history holds
+    exactly its model's decisions (every model's, for a rule without one) in stream order,
+    and the decisions no rule serves are counted as unrouted."""
+    rng = np.random.default_rng(8)
+    models = rng.choice(["a", "b", "c"], size=300)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    values = [
+        orjson.dumps({"id": i, "model": str(m), "x": x[i].tolist(), "y": int(i % 2)})
+        for i, m in enumerate(models)
+    ]
+    values[17] = b"garbage"
+    config = parse_config(
+        {
+            "files": {"decisions": "unused", "topic": "t"},
+            "outputs": {"alerts_file": "a", "dead_letter_file": "d"},
+            "rules": [
+                {"name": name, "kind": "ior", "topic": "t", "eps": 0.25}
+                | ({"model": model} if model else {})
+                for name, model in (("first", "a"), ("second", second))
+            ],
+        }
+    )
+    rules = [IorRule(rule) for rule in config.rules]
+    metrics = Metrics()
+    source = MemorySource("t", values)
+    settings = PipelineSettings("dead", max_batch=37, snapshot_every_events=10**6)
+    pipeline = Pipeline(rules, source, MemorySink(), FileStore(tmp_path), metrics, settings)
+
+    async def run() -> None:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    valid = [i for i in range(300) if i != 17]
+    for rule, model in zip(rules, ("a", second), strict=True):
+        expected = [i for i in valid if model is None or models[i] == model]
+        assert rule.monitors[("t", 0)].history.ids == expected
+    unrouted = [i for i in valid if models[i] not in ("a", second) and second is not None]
+    assert metrics.events.labels("", "unrouted")._value.get() == len(unrouted)
+
+
 class _AtTheEnd(MemorySource):
     """A source whose reset policy starts a partition without a commit at ``start``."""
 

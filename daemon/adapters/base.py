@@ -109,7 +109,8 @@ class Rule:
     def wants_decisions(self, topic: str) -> bool:
         return True
 
-    def matches(self, decision: Decision) -> bool:
+    def serves(self, model: str) -> bool:
+        """Whether the rule checks decisions of ``model`` (those of its topics reach it)."""
         return True
 
     async def check(

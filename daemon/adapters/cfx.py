@@ -40,8 +40,8 @@ class CfxRule(PooledRule):
         except ValueError as e:
             raise ValueError(f"rule {config.name!r}: {e}") from None
 
-    def matches(self, decision: Decision) -> bool:
-        return self.config.model is None or decision.model == self.config.model
+    def serves(self, model: str) -> bool:
+        return self.config.model is None or model == self.config.model
 
     async def check(
         self, tp: TopicPartition, decisions: list[Decision], emit_from: int

@@ -53,10 +53,8 @@ class IorRule(Rule):
         if config.embedding_onnx is not None:
             self.embedding, self.embedding_dim = _read_embedding(config)
 
-    def matches(self, decision: Decision) -> bool:
-        return decision.record.topic == self.config.topic and (
-            self.config.model is None or decision.model == self.config.model
-        )
+    def serves(self, model: str) -> bool:
+        return self.config.model is None or model == self.config.model
 
     def history_size(self, tp: TopicPartition) -> int:
         monitor = self.monitors.get(tp)
@@ -107,7 +105,7 @@ class IorRule(Rule):
                 monitor,
                 w,
                 context,
-                _json_output,
+                None,
                 rows=emit,
                 max_witnesses=self.config.max_witnesses,
                 history_complete=tp not in self.incomplete,
@@ -299,16 +297,12 @@ def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, st
     return None
 
 
-def _json_output(y: Any) -> Any:
-    return y.tolist() if isinstance(y, np.ndarray) else int(y)
-
-
 def witness_alerts(
     rule: str,
     monitor: Monitor,
     witnesses: Witnesses,
     context: Callable[[int], tuple[str, dict[str, Any]]],
-    output_value: Callable[[Any], Any],
+    output_value: Callable[[Any], Any] | None,
     rows: Iterable[int] | None = None,
     max_witnesses: int | None = None,
     history_complete: bool = True,
@@ -317,7 +311,8 @@ def witness_alerts(
     the decision's row in the batch.
 
     ``context(i)`` gives the batch's i-th decision's model and its source coordinates
-    (topic/partition/offset or file/row); ``output_value`` turns a stored output into JSON.
+    (topic/partition/offset or file/row); ``output_value``, if given, maps each output (an
+    int label, or a list of floats) to what the alert shows.
     A witness set larger than ``max_witnesses`` keeps its nearest members (in history
     order) and says so, so that an alert always fits a Kafka message. ``history_complete``
     false says the history lacks records (deleted by retention): witnesses among them are
@@ -338,6 +333,9 @@ def witness_alerts(
             nearest = np.sort(np.argsort(distance, kind="stable")[:max_witnesses])
             index, distance = index[nearest], distance[nearest]
         model, source = context(i)
+        outputs = monitor.outputs(np.append(position, index)).tolist()
+        if output_value is not None:
+            outputs = [output_value(v) for v in outputs]
         alert = {
             "kind": "alert",
             "schema_version": ALERT_SCHEMA_VERSION,
@@ -345,12 +343,12 @@ def witness_alerts(
             "model": model,
             "decision": {
                 "id": monitor.ids([position])[0],
-                "y": output_value(monitor.outputs([position])[0]),
+                "y": outputs[0],
             },
             "witnesses": [
-                {"id": wid, "y": output_value(wy), "distance": float(d)}
+                {"id": wid, "y": wy, "distance": d}
                 for wid, wy, d in zip(
-                    monitor.ids(index), monitor.outputs(index), distance, strict=True
+                    monitor.ids(index), outputs[1:], distance.tolist(), strict=True
                 )
             ],
             "metric": spec.metric.value,

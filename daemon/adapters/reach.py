@@ -91,8 +91,8 @@ class ReachRule(Rule):
     def wants_decisions(self, topic: str) -> bool:
         return topic == self.config.topic
 
-    def matches(self, decision: Decision) -> bool:
-        return decision.model == self.config.model
+    def serves(self, model: str) -> bool:
+        return model == self.config.model
 
     def history_size(self, tp: TopicPartition) -> int:
         return len(self.windows.get(tp, ()))
