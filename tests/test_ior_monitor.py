@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.oracle import witness_sets
 from vigil.rules.ior import InvalidDecision, Monitor, MonitorSpec
 from vigil.rules.ior.backends.periodic import optimal_buffer_size
+from vigil.rules.ior.history import History
 
 
 def collect(monitor: Monitor, x, y, batch: int) -> list[list[tuple[int, float]]]:
@@ -113,6 +116,54 @@ def test_auto_replans_when_a_key_feature_stops_being_discrete():
     got = collect(monitor, x, y, 250)
     assert 0 not in monitor.backend.plan.keys
     assert got == witness_sets(x, y, 1 / 32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 40),
+    steps=st.lists(st.one_of(st.integers(0, 70), st.none()), max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_history_holds_every_row_appended_since_the_last_clear(capacity, steps, seed):
+    """Growth copies rows over several appends: whatever the batch sizes, the columns read
+    back exactly the rows appended (None: ``clear``), and the magnitudes are theirs."""
+    rng = np.random.default_rng(seed)
+    history = History(MonitorSpec(dim=3, eps=0.1), capacity=capacity)
+    xs, ys, ids = [np.empty((0, 3))], [np.empty(0, dtype=np.int64)], []
+    for size in steps:
+        if size is None:
+            history.clear()
+            xs, ys, ids = xs[:1], ys[:1], []
+            continue
+        x, y = rng.normal(size=(size, 3)) * 10, rng.integers(0, 3, size)
+        new = list(range(len(ids), len(ids) + size))
+        assert history.append(x, y, new) == (len(ids), len(ids) + size)
+        xs, ys, ids = [*xs, x], [*ys, y], ids + new
+    x, y = np.vstack(xs), np.concatenate(ys)
+    assert history.size == len(x) and history.ids == ids
+    assert np.array_equal(history.x, x) and np.array_equal(history.y, y)
+    assert np.array_equal(history.column_max_abs, np.abs(x).max(axis=0, initial=0.0))
+
+
+def test_grid_plans_again_over_several_batches_and_keeps_exact_witnesses():
+    """Planning again after fourfold growth runs one sample probe per batch; the table
+    switches to the new plan when it ends, and no batch meanwhile loses a witness."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    x = 0.5 + rng.random((n, 2)) * 1e-3
+    x[:300, 0] = rng.random(300)  # feature 0 spreads the first rows, feature 1 the rest
+    x[300:, 1] = rng.random(n - 300)
+    y = rng.integers(0, 2, size=n)
+    monitor = Monitor(MonitorSpec(dim=2, eps=0.01), "grid")
+    got, grids, planning = [], [], []
+    for s in range(0, n, 50):
+        got += collect(monitor, x[s : s + 50], y[s : s + 50], 50)
+        grids.append(monitor.backend.plan.grid)
+        planning.append(monitor.backend._planning is not None)
+    assert got == witness_sets(x, y, 0.01)
+    switch = grids.index(grids[-1])
+    assert grids[-1][0] == 1 and grids[switch - 1] == (0,)
+    assert planning[switch - 2 : switch] == [True, True] and not planning[switch]
 
 
 def test_amortised_buffer_size_grows_sublinearly():

@@ -13,12 +13,15 @@ Each stored row is hashed from (key values, grid cells, label) into one sorted u
 array; a query probes the hashes of its candidate cells under every other label with
 ``searchsorted``. Hash collisions only add candidates, which the exact check removes.
 The plan (which features are keys, which are grid features) is chosen greedily by
-probing a sample, and re-made when the history has grown fourfold or when new data
-breaks a key feature's spacing or a grid feature's magnitude bound.
+probing a sample, and re-made when new data breaks a key feature's spacing or a grid
+feature's magnitude bound. When the history has grown fourfold it is planned again, one
+sample probe per batch (a probe takes a few milliseconds, a whole planning tens), and the
+table is rebuilt only if the plan changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,6 +172,7 @@ class GridBackend(Backend):
 
     def __init__(self, spec: MonitorSpec, history: History) -> None:
         super().__init__(spec, history)
+        self._planning: Generator[None, None, Plan] | None = None
         self.rebuild()
 
     @property
@@ -182,13 +186,14 @@ class GridBackend(Backend):
         self._key_values = {k: v for k, v in enumerate(values) if _spaced(v, eps)}
         self._index_key_values()
         self._sums = _key_sums(_columns(h.x, list(self._key_values)))
-        self._index(self._choose_plan(h.size))
+        self._planning = None
+        self._index(_finish(self._plan(h.size)))
 
     def _index(self, plan: Plan) -> None:
         size = self.history.size
         self._table = _Table(plan, self.spec.eps)
         self._replan_at = max(_FIRST_PLAN, 4 * size)
-        self._table.insert(self._hashes(np.arange(size)), np.arange(size, dtype=np.int64))
+        self._table.insert(self._hashes(0, size), np.arange(size, dtype=np.int64))
 
     def advance(self, start: int, stop: int) -> Pairs:
         h = self.history
@@ -201,12 +206,10 @@ class GridBackend(Backend):
             if stop > len(self._sums):  # room for the new rows' key sums, amortised
                 self._sums = np.resize(self._sums, max(stop, 2 * len(self._sums)))
             self._sums[start:stop] = _key_sums(keyed)
-            if stop >= self._replan_at and (plan := self._choose_plan(stop)) != self.plan:
+            if (plan := self._plan_step(stop)) is not None:
                 self._index(plan)
             else:
-                if stop >= self._replan_at:  # planned again, to the same plan: the table stays
-                    self._replan_at = 4 * stop
-                self._table.insert(self._hashes(rows), rows)
+                self._table.insert(self._hashes(start, stop), rows)
         x = h.x[start:stop]
         y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
         owner, probe = self._table.probes(x, y, self._labels, self._sums[start:stop])
@@ -216,10 +219,12 @@ class GridBackend(Backend):
         keep = j < q
         return q[keep], j[keep]
 
-    def _hashes(self, rows: np.ndarray) -> np.ndarray:
+    def _hashes(self, start: int, stop: int) -> np.ndarray:
+        """The hashes of rows ``start .. stop - 1`` (read in place: a whole history's
+        inputs are not copied)."""
         h = self.history
-        y = h.y[rows] if self.spec.output is OutputKind.LABEL else None
-        return self._table.row_hashes(h.x[rows], y, self._sums[rows])
+        y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
+        return self._table.row_hashes(h.x[start:stop], y, self._sums[start:stop])
 
     def _distinct_labels(self, rows: np.ndarray) -> np.ndarray:
         if self.spec.output is not OutputKind.LABEL:
@@ -261,24 +266,46 @@ class GridBackend(Backend):
         known = (self._seen[at] == values) & self._seen_in[at, np.arange(len(keys))]
         return [keys[i] for i in np.flatnonzero(~known.all(axis=0))]
 
-    def _choose_plan(self, n: int) -> Plan:
-        """Keys: every feature whose values are spaced (known from ``_key_values``: values
-        only lose their spacing as rows arrive). Grid features: added greedily while the
-        cost predicted from a sample falls by 10% or more."""
-        h, eps = self.history, self.spec.eps
-        x = h.x
+    def _plan_step(self, stop: int) -> Plan | None:
+        """One step of planning again once the history has grown fourfold: the new plan
+        when the planning ends with a different one, else None (the table stays)."""
+        if self._planning is None:
+            if stop < self._replan_at:
+                return None
+            self._planning = self._plan(stop)
+        try:
+            next(self._planning)
+            return None
+        except StopIteration as done:
+            plan = done.value
+        self._planning = None
+        self._replan_at = 4 * stop
+        bound = _MAX_CELLS * self.spec.eps  # rows that came during the planning count too
+        if plan == self.plan or (self.history.column_max_abs[list(plan.grid)] > bound).any():
+            return None
+        return plan
+
+    def _plan(self, n: int) -> Generator[None, None, Plan]:
+        """Plan for the first ``n`` rows, pausing after each sample probe. Keys: every
+        feature whose values are spaced (known from ``_key_values``: values only lose their
+        spacing as rows arrive). Grid features: added greedily while the cost predicted
+        from a sample falls by 10% or more."""
+        eps = self.spec.eps
         keys = tuple(self._key_values)
         by_label = self.spec.output is OutputKind.LABEL and len(self._labels) <= 4
         if eps == 0 or n < _FIRST_PLAN:
             return Plan(keys, (), by_label)
-        bound = _MAX_CELLS * eps
-        free = [k for k in range(x.shape[1]) if k not in keys and np.abs(x[:, k]).max() <= bound]
+        fits = self.history.column_max_abs <= _MAX_CELLS * eps
+        free = [k for k in range(len(fits)) if k not in keys and fits[k]]
         rng = np.random.default_rng(n)
         sample = np.sort(rng.choice(n, size=min(n, _PLAN_SAMPLE), replace=False))
         grid: tuple[int, ...] = ()
         best = self._estimate(Plan(keys, grid, by_label), sample, n)
         while free and len(grid) < _MAX_GRID:
-            costs = {k: self._estimate(Plan(keys, (*grid, k), by_label), sample, n) for k in free}
+            costs = {}
+            for k in free:
+                yield
+                costs[k] = self._estimate(Plan(keys, (*grid, k), by_label), sample, n)
             k = min(costs, key=costs.__getitem__)
             if costs[k] >= 0.9 * best:
                 break
@@ -298,6 +325,15 @@ class GridBackend(Backend):
         candidates = float((hi - lo).sum()) / s * (2 * n / s)
         cost_per_candidate = _COST_PER_CANDIDATE + h.x.shape[1]
         return candidates * cost_per_candidate + len(probe) / s * _COST_PER_PROBE
+
+
+def _finish(planning: Generator[None, None, Plan]) -> Plan:
+    """Run a planning to its end."""
+    while True:
+        try:
+            next(planning)
+        except StopIteration as done:
+            return done.value
 
 
 def _spaced(sorted_values: np.ndarray, eps: float) -> bool:

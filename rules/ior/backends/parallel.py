@@ -35,7 +35,7 @@ class _Block:
         self.backend = BACKENDS[inner](sub_spec, self.history)
 
     def reset(self, x: np.ndarray, y: np.ndarray) -> None:
-        self.history.size = 0
+        self.history.clear()
         self.history.append(x, y, ())
         self.backend.rebuild()
 
