@@ -44,6 +44,10 @@ a neighbour's cell; larger values make the feature ineligible for the grid."""
 _MAX_GRID = 6
 _PLAN_SAMPLE = 2048
 _FIRST_PLAN = 256
+_ROWS_PER_PROBE = 512
+"""Planning again takes one sample probe per this many rows of a batch (one at least): a
+small batch (a steady stream) waits a few milliseconds, while a backlog's large batches
+finish the planning in one or two, before the history outgrows the plan being replaced."""
 _COST_PER_CANDIDATE = 40.0
 _COST_PER_PROBE = 60.0
 
@@ -206,7 +210,7 @@ class GridBackend(Backend):
             if stop > len(self._sums):  # room for the new rows' key sums, amortised
                 self._sums = np.resize(self._sums, max(stop, 2 * len(self._sums)))
             self._sums[start:stop] = _key_sums(keyed)
-            if (plan := self._plan_step(stop)) is not None:
+            if (plan := self._plan_steps(start, stop)) is not None:
                 self._index(plan)
             else:
                 self._table.insert(self._hashes(start, stop), rows)
@@ -266,15 +270,17 @@ class GridBackend(Backend):
         known = (self._seen[at] == values) & self._seen_in[at, np.arange(len(keys))]
         return [keys[i] for i in np.flatnonzero(~known.all(axis=0))]
 
-    def _plan_step(self, stop: int) -> Plan | None:
-        """One step of planning again once the history has grown fourfold: the new plan
-        when the planning ends with a different one, else None (the table stays)."""
+    def _plan_steps(self, start: int, stop: int) -> Plan | None:
+        """The steps of planning again (once the history has grown fourfold) that the
+        batch of rows ``start .. stop - 1`` pays for: the new plan when the planning ends
+        with a different one, else None (the table stays)."""
         if self._planning is None:
             if stop < self._replan_at:
                 return None
             self._planning = self._plan(stop)
         try:
-            next(self._planning)
+            for _ in range(-(-(stop - start) // _ROWS_PER_PROBE)):
+                next(self._planning)
             return None
         except StopIteration as done:
             plan = done.value
