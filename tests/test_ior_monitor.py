@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import witness_sets
 from vigil.rules.ior import InvalidDecision, Monitor, MonitorSpec
+from vigil.rules.ior.backends import grid
 from vigil.rules.ior.backends.periodic import optimal_buffer_size
 from vigil.rules.ior.history import History
 
@@ -145,9 +146,12 @@ def test_history_holds_every_row_appended_since_the_last_clear(capacity, steps, 
     assert np.array_equal(history.column_max_abs, np.abs(x).max(axis=0, initial=0.0))
 
 
-def test_grid_plans_again_over_several_batches_and_keeps_exact_witnesses():
-    """Planning again after fourfold growth runs one sample probe per batch; the table
-    switches to the new plan when it ends, and no batch meanwhile loses a witness."""
+@pytest.mark.parametrize("fill_rows", [4096, 64])
+def test_grid_plans_again_over_several_batches_and_keeps_exact_witnesses(monkeypatch, fill_rows):
+    """Planning again after fourfold growth runs one sample probe per batch, then the new
+    plan's table is filled a slice of rows per batch (64: over many batches) and takes
+    over; no batch meanwhile loses a witness."""
+    monkeypatch.setattr(grid, "_FILL_ROWS", fill_rows)
     rng = np.random.default_rng(3)
     n = 3000
     x = 0.5 + rng.random((n, 2)) * 1e-3
@@ -155,15 +159,18 @@ def test_grid_plans_again_over_several_batches_and_keeps_exact_witnesses():
     x[300:, 1] = rng.random(n - 300)
     y = rng.integers(0, 2, size=n)
     monitor = Monitor(MonitorSpec(dim=2, eps=0.01), "grid")
-    got, grids, planning = [], [], []
+    got, grids, busy = [], [], []
     for s in range(0, n, 50):
         got += collect(monitor, x[s : s + 50], y[s : s + 50], 50)
-        grids.append(monitor.backend.plan.grid)
-        planning.append(monitor.backend._planning is not None)
+        backend = monitor.backend
+        grids.append(backend.plan.grid)
+        busy.append(backend._planning is not None or backend._filling is not None)
     assert got == witness_sets(x, y, 0.01)
     switch = grids.index(grids[-1])
     assert grids[-1][0] == 1 and grids[switch - 1] == (0,)
-    assert planning[switch - 2 : switch] == [True, True] and not planning[switch]
+    assert busy[switch - 2 : switch] == [True, True] and not busy[switch]
+    if fill_rows == 64:  # filling alone spans batches: more than planning's 2-3
+        assert busy[switch - 8 : switch] == [True] * 8
 
 
 def test_amortised_buffer_size_grows_sublinearly():

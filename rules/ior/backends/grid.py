@@ -15,14 +15,15 @@ array; a query probes the hashes of its candidate cells under every other label 
 The plan (which features are keys, which are grid features) is chosen greedily by
 probing a sample, and re-made when new data breaks a key feature's spacing or a grid
 feature's magnitude bound. When the history has grown fourfold it is planned again, one
-sample probe per batch (a probe takes a few milliseconds, a whole planning tens), and the
-table is rebuilt only if the plan changed.
+sample probe per batch (a probe takes a few milliseconds, a whole planning tens); if the
+plan changed, the new plan's table is then filled a slice of the history per batch and
+takes over once it holds every row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +49,9 @@ _ROWS_PER_PROBE = 512
 """Planning again takes one sample probe per this many rows of a batch (one at least): a
 small batch (a steady stream) waits a few milliseconds, while a backlog's large batches
 finish the planning in one or two, before the history outgrows the plan being replaced."""
+_FILL_ROWS = 4096
+"""Rows a batch hashes into a new plan's table (eight times the batch's own rows, if more):
+the table of 100,000 rows fills over about 25 small batches, and outruns any stream."""
 _COST_PER_CANDIDATE = 40.0
 _COST_PER_PROBE = 60.0
 
@@ -157,6 +161,11 @@ class _Table:
         rows, columns = np.nonzero(valid)
         return rows, _mix(total[rows, columns], _SEED)
 
+    def fill(self, hashes: np.ndarray) -> None:
+        """Hold rows ``0 .. len(hashes) - 1`` (the table is empty)."""
+        order = np.argsort(hashes, kind="stable")
+        self.hashes, self.positions = hashes[order], order.astype(np.int64)
+
     def insert(self, hashes: np.ndarray, positions: np.ndarray) -> None:
         order = np.argsort(hashes, kind="stable")
         hashes, positions = hashes[order], positions[order]
@@ -177,6 +186,7 @@ class GridBackend(Backend):
     def __init__(self, spec: MonitorSpec, history: History) -> None:
         super().__init__(spec, history)
         self._planning: Generator[None, None, Plan] | None = None
+        self._filling: _Filling | None = None
         self.rebuild()
 
     @property
@@ -196,8 +206,9 @@ class GridBackend(Backend):
     def _index(self, plan: Plan) -> None:
         size = self.history.size
         self._table = _Table(plan, self.spec.eps)
+        self._filling = None
         self._replan_at = max(_FIRST_PLAN, 4 * size)
-        self._table.insert(self._hashes(0, size), np.arange(size, dtype=np.int64))
+        self._table.fill(self._hashes(self._table, 0, size))
 
     def advance(self, start: int, stop: int) -> Pairs:
         h = self.history
@@ -210,10 +221,11 @@ class GridBackend(Backend):
             if stop > len(self._sums):  # room for the new rows' key sums, amortised
                 self._sums = np.resize(self._sums, max(stop, 2 * len(self._sums)))
             self._sums[start:stop] = _key_sums(keyed)
-            if (plan := self._plan_steps(start, stop)) is not None:
-                self._index(plan)
-            else:
-                self._table.insert(self._hashes(start, stop), rows)
+            self._table.insert(self._hashes(self._table, start, stop), rows)
+            if self._filling is None and (plan := self._plan_steps(start, stop)) is not None:
+                self._filling = _Filling(_Table(plan, self.spec.eps))
+            if self._filling is not None:
+                self._fill(start, stop)
         x = h.x[start:stop]
         y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
         owner, probe = self._table.probes(x, y, self._labels, self._sums[start:stop])
@@ -223,12 +235,28 @@ class GridBackend(Backend):
         keep = j < q
         return q[keep], j[keep]
 
-    def _hashes(self, start: int, stop: int) -> np.ndarray:
-        """The hashes of rows ``start .. stop - 1`` (read in place: a whole history's
-        inputs are not copied)."""
+    def _hashes(self, table: _Table, start: int, stop: int) -> np.ndarray:
+        """The hashes of rows ``start .. stop - 1`` under ``table``'s plan (read in place:
+        a whole history's inputs are not copied)."""
         h = self.history
         y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
-        return self._table.row_hashes(h.x[start:stop], y, self._sums[start:stop])
+        return table.row_hashes(h.x[start:stop], y, self._sums[start:stop])
+
+    def _fill(self, start: int, stop: int) -> None:
+        """Hash the next slice of rows into the new plan's table; once it holds every row
+        up to ``stop``, it takes over (unless rows that came meanwhile broke the plan's
+        grid magnitude bound: then it is dropped and the current table stays)."""
+        filling = self._filling
+        end = min(stop, filling.rows + max(_FILL_ROWS, 8 * (stop - start)))
+        filling.hashes.append(self._hashes(filling.table, filling.rows, end))
+        filling.rows = end
+        if end < stop:
+            return
+        self._filling = None
+        grid = list(filling.table.plan.grid)
+        if (self.history.column_max_abs[grid] <= _MAX_CELLS * self.spec.eps).all():
+            filling.table.fill(np.concatenate(filling.hashes))
+            self._table = filling.table
 
     def _distinct_labels(self, rows: np.ndarray) -> np.ndarray:
         if self.spec.output is not OutputKind.LABEL:
@@ -286,10 +314,7 @@ class GridBackend(Backend):
             plan = done.value
         self._planning = None
         self._replan_at = 4 * stop
-        bound = _MAX_CELLS * self.spec.eps  # rows that came during the planning count too
-        if plan == self.plan or (self.history.column_max_abs[list(plan.grid)] > bound).any():
-            return None
-        return plan
+        return None if plan == self.plan else plan
 
     def _plan(self, n: int) -> Generator[None, None, Plan]:
         """Plan for the first ``n`` rows, pausing after each sample probe. Keys: every
@@ -331,6 +356,15 @@ class GridBackend(Backend):
         candidates = float((hi - lo).sum()) / s * (2 * n / s)
         cost_per_candidate = _COST_PER_CANDIDATE + h.x.shape[1]
         return candidates * cost_per_candidate + len(probe) / s * _COST_PER_PROBE
+
+
+@dataclass
+class _Filling:
+    """A new plan's table being filled, and the hashes of its first ``rows`` rows so far."""
+
+    table: _Table
+    rows: int = 0
+    hashes: list[np.ndarray] = field(default_factory=list)
 
 
 def _finish(planning: Generator[None, None, Plan]) -> Plan:
