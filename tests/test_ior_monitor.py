@@ -124,13 +124,16 @@ def test_auto_replans_when_a_key_feature_stops_being_discrete():
     capacity=st.integers(1, 40),
     steps=st.lists(st.one_of(st.integers(0, 70), st.none()), max_size=40),
     seed=st.integers(0, 2**32 - 1),
+    limit=st.one_of(st.none(), st.integers(1, 300)),
 )
-def test_history_holds_every_row_appended_since_the_last_clear(capacity, steps, seed):
+def test_history_holds_every_row_appended_since_the_last_clear(capacity, steps, seed, limit):
     """Growth copies rows over several appends: whatever the batch sizes, the columns read
-    back exactly the rows appended (None: ``clear``), and the magnitudes are theirs."""
+    back exactly the rows appended (None: ``clear``), and the magnitudes are theirs. With
+    ``limit``, no columns are made larger than it (or than the most rows held)."""
     rng = np.random.default_rng(seed)
     history = History(MonitorSpec(dim=3, eps=0.1), capacity=capacity)
     xs, ys, ids = [np.empty((0, 3))], [np.empty(0, dtype=np.int64)], []
+    most = capacity
     for size in steps:
         if size is None:
             history.clear()
@@ -138,8 +141,11 @@ def test_history_holds_every_row_appended_since_the_last_clear(capacity, steps, 
             continue
         x, y = rng.normal(size=(size, 3)) * 10, rng.integers(0, 3, size)
         new = list(range(len(ids), len(ids) + size))
-        assert history.append(x, y, new) == (len(ids), len(ids) + size)
+        assert history.append(x, y, new, limit) == (len(ids), len(ids) + size)
         xs, ys, ids = [*xs, x], [*ys, y], ids + new
+        most = max(most, history.size)
+        if limit is not None:
+            assert all(len(c) <= max(most, limit) for c in (history._x, *(history._next or ())))
     x, y = np.vstack(xs), np.concatenate(ys)
     assert history.size == len(x) and history.ids == ids
     assert np.array_equal(history.x, x) and np.array_equal(history.y, y)

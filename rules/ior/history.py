@@ -14,7 +14,9 @@ class History:
     columns are half full, the doubled ones are allocated and every append also copies
     earlier rows into them, three for each new row, so they hold every row by the time
     they take over. A monitor that checks each batch as it arrives thus never stops to
-    copy its whole history (at 100,000 decisions of 30 features, 24 MB)."""
+    copy its whole history (at 100,000 decisions of 30 features, 24 MB). Columns that
+    already have room for ``limit`` rows (a monitor's ``history_limit``) are not doubled
+    ahead of time."""
 
     def __init__(self, spec: MonitorSpec, capacity: int = 1024) -> None:
         self.spec = spec
@@ -42,18 +44,22 @@ class History:
         """The largest magnitude of any coordinate seen."""
         return float(self.column_max_abs.max(initial=0.0))
 
-    def append(self, x: np.ndarray, y: np.ndarray, ids: list) -> tuple[int, int]:
-        """Append rows; return their positions as ``range(start, stop)``."""
+    def append(
+        self, x: np.ndarray, y: np.ndarray, ids: list, limit: int | None = None
+    ) -> tuple[int, int]:
+        """Append rows; return their positions as ``range(start, stop)``. ``limit``: the
+        most rows the history is to hold (more only for a batch larger than that)."""
         start, stop = self.size, self.size + len(x)
         if stop > len(self._x):
-            self._take_over(stop)
+            self._take_over(stop, limit)
         self._x[start:stop] = x
         self._y[start:stop] = y
         self.ids.extend(ids)
         self.size = stop
         if len(x):
             np.maximum(self.column_max_abs, np.abs(x).max(axis=0), out=self.column_max_abs)
-            self._copy_ahead(3 * len(x))
+            if limit is None or len(self._x) < limit:
+                self._copy_ahead(3 * len(x), limit)
         return start, stop
 
     def clear(self) -> None:
@@ -63,22 +69,23 @@ class History:
         self.ids = []
         self.column_max_abs[:] = 0.0
 
-    def _copy_ahead(self, rows: int) -> None:
+    def _copy_ahead(self, rows: int, limit: int | None) -> None:
         capacity = len(self._x)
         if self._next is None:
             if 2 * self.size < capacity:
                 return
-            self._next = (_resized(self._x, 2 * capacity), _resized(self._y, 2 * capacity))
+            grown = _grown(capacity, self.size, limit)
+            self._next = (_resized(self._x, grown), _resized(self._y, grown))
             self._copied = 0
         end = min(self.size, self._copied + rows)
         for old, new in zip((self._x, self._y), self._next, strict=True):
             new[self._copied : end] = old[self._copied : end]
         self._copied = end
 
-    def _take_over(self, stop: int) -> None:
+    def _take_over(self, stop: int, limit: int | None) -> None:
         """Switch to columns with room for ``stop`` rows (the doubled ones, if large enough),
         copying whatever rows they lack."""
-        capacity = max(stop, 2 * len(self._x))
+        capacity = _grown(len(self._x), stop, limit)
         if self._next is None or len(self._next[0]) < capacity:
             self._next = (_resized(self._x, capacity), _resized(self._y, capacity))
             self._copied = 0
@@ -86,6 +93,13 @@ class History:
             new[self._copied : self.size] = old[self._copied : self.size]
         self._x, self._y = self._next
         self._next = None
+
+
+def _grown(capacity: int, rows: int, limit: int | None) -> int:
+    """The next capacity: doubled, at least ``rows``, at most ``limit`` (unless ``rows``
+    is more)."""
+    grown = 2 * capacity if limit is None else min(2 * capacity, limit)
+    return max(grown, rows)
 
 
 def _resized(a: np.ndarray, capacity: int) -> np.ndarray:

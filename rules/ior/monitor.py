@@ -100,8 +100,8 @@ class Monitor:
             raise ValueError(f"{len(ids)} ids for {len(x)} decisions")
         limit = self.history_limit
         if limit is not None and self.size + len(x) > limit:
-            self._evict(min(self.size, max(self.size + len(x) - limit, -(-limit // 4))))
-        start, stop = self.history.append(self.spec.view(x), y, list(ids))
+            self._evict(min(self.size, max(self.size + len(x) - limit, -(-limit // 4))), limit)
+        start, stop = self.history.append(self.spec.view(x), y, list(ids), limit)
         if start == stop:  # nothing to index or search
             q = j = np.empty(0, dtype=np.int64)
         else:
@@ -122,10 +122,11 @@ class Monitor:
             result = result.with_ratios(ratios, np.where(best >= 0, best + shift, -1))
         return result
 
-    def _evict(self, count: int) -> None:
-        """Drop the ``count`` oldest decisions and index the rest afresh."""
+    def _evict(self, count: int, limit: int) -> None:
+        """Drop the ``count`` oldest decisions and index the rest afresh (in columns with
+        room for the whole window, so they do not grow again)."""
         old = self.history
-        self.history = History(self.spec, capacity=max(1024, old.size - count))
+        self.history = History(self.spec, capacity=max(1024, limit))
         self.history.append(old.x[count:], old.y[count:], old.ids[count:])
         self.backend = BACKENDS[self.backend.name](
             self.spec, self.history, **self.backend.options()
