@@ -24,7 +24,7 @@ class Record:
 
     Records and decisions are built once per message and never modified. They are not
     frozen: a frozen dataclass takes four times as long to build (``object.__setattr__``
-    per field), about a microsecond a message (bench/pipeline_bench.py)."""
+    per field), 0.7 microseconds more per message (docs/benchmarks.md)."""
 
     topic: str
     partition: int

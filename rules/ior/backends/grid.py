@@ -50,8 +50,9 @@ _ROWS_PER_PROBE = 512
 small batch (a steady stream) waits a few milliseconds, while a backlog's large batches
 finish the planning in one or two, before the history outgrows the plan being replaced."""
 _FILL_ROWS = 4096
-"""Rows a batch hashes into a new plan's table (eight times the batch's own rows, if more):
-the table of 100,000 rows fills over about 25 small batches, and outruns any stream."""
+"""Rows a batch hashes into a new plan's table (eight times the batch's own rows, if more,
+so the filling always catches up with the rows arriving): a table of 100,000 rows fills
+over about 25 small batches."""
 _COST_PER_CANDIDATE = 40.0
 _COST_PER_PROBE = 60.0
 
