@@ -12,6 +12,9 @@ bench/pipeline_bench.py.
    size where each ended (a stall there is added to the latency of every decision
    waiting behind it);
 3. with ``--profile K``: the top K functions of one drain by own time (cProfile).
+
+The allocator thresholds are set as `vigil run` sets them (daemon/malloc.py), unless
+``--glibc-defaults``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from vigil.connectors.memory import MemorySink, MemorySource
 from vigil.daemon.adapters import IorRule
 from vigil.daemon.config import parse_config
 from vigil.daemon.logs import configure_logging
+from vigil.daemon.malloc import keep_freed_memory
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.state import FileStore
@@ -105,11 +109,16 @@ async def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steady", type=int, default=40_000)
     p.add_argument("--profile", type=int, default=0, metavar="K")
+    p.add_argument("--glibc-defaults", action="store_true", help="leave malloc's thresholds")
     args = p.parse_args()
     configure_logging("warning")
+    tuned = not args.glibc_defaults and keep_freed_memory()
     x, y, name = stream(args.n + args.steady)
     values = events(x, y)
-    print(f"stream: {name}; rule: i.o.r. linf eps 0.04 auto; max_batch {MAX_BATCH}")
+    print(
+        f"stream: {name}; rule: i.o.r. linf eps 0.04 auto; max_batch {MAX_BATCH}; "
+        f"allocator thresholds {'set' if tuned else 'glibc defaults'}"
+    )
     runs = [await drain(values[: args.n]) for _ in range(args.repeats)]
     per = [1e6 * t / args.n for t in runs]
     print(

@@ -16,6 +16,7 @@ from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable
 from vigil.daemon.adapters import Rule, RuleContext, build_rule
 from vigil.daemon.config import Config
 from vigil.daemon.http import OpsServer
+from vigil.daemon.malloc import keep_freed_memory
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import DaskCluster, OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
@@ -133,6 +134,7 @@ async def run_daemon(
 ) -> Pipeline:
     """Run until SIGTERM/SIGINT (or ``stop``; or, with ``until_idle``, until the source is
     drained), then drain, snapshot, commit and close within the shutdown deadline."""
+    allocator_tuned = keep_freed_memory()
     metrics = Metrics()
     pipeline = build_pipeline(config, metrics)
     stop = stop or asyncio.Event()
@@ -161,6 +163,7 @@ async def run_daemon(
         "started",
         rules=[r.name for r in pipeline.rules],
         metrics_port=server.port if server else None,
+        allocator_tuned=allocator_tuned,
     )
     try:
         await pipeline.run(stop, until_idle)
