@@ -179,6 +179,20 @@ def test_grid_plans_again_over_several_batches_and_keeps_exact_witnesses(monkeyp
         assert busy[switch - 8 : switch] == [True] * 8
 
 
+def test_a_history_under_a_limit_never_makes_columns_past_it():
+    """Before and after evictions, the history's columns (and any doubled ones being
+    filled) have room for at most ``history_limit`` decisions."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 8, size=(6000, 3)) / 8
+    y = rng.integers(0, 2, size=6000)
+    monitor = Monitor(MonitorSpec(dim=3, eps=0.25), history_limit=2000)
+    for s in range(0, 6000, 100):
+        monitor.check_batch(x[s : s + 100], y[s : s + 100])
+        history = monitor.history
+        assert all(len(c) <= 2000 for c in (history._x, *(history._next or ())))
+    assert monitor.evicted > 0
+
+
 def test_amortised_buffer_size_grows_sublinearly():
     sizes = [optimal_buffer_size(n, 12) for n in (1_000, 100_000, 10_000_000)]
     assert sizes == sorted(sizes) and sizes[2] < 10_000_000 / 100

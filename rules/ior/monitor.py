@@ -127,7 +127,7 @@ class Monitor:
         room for the whole window, so they do not grow again)."""
         old = self.history
         self.history = History(self.spec, capacity=max(1024, limit))
-        self.history.append(old.x[count:], old.y[count:], old.ids[count:])
+        self.history.append(old.x[count:], old.y[count:], old.ids[count:], limit)
         self.backend = BACKENDS[self.backend.name](
             self.spec, self.history, **self.backend.options()
         )
