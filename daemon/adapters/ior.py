@@ -333,7 +333,9 @@ def witness_alerts(
             nearest = np.sort(np.argsort(distance, kind="stable")[:max_witnesses])
             index, distance = index[nearest], distance[nearest]
         model, source = context(i)
-        outputs = monitor.outputs(np.append(position, index)).tolist()
+        positions = np.append(position, index)  # the decision, then its witnesses
+        ids = monitor.ids(positions)
+        outputs = monitor.outputs(positions).tolist()
         if output_value is not None:
             outputs = [output_value(v) for v in outputs]
         alert = {
@@ -342,14 +344,12 @@ def witness_alerts(
             "rule": rule,
             "model": model,
             "decision": {
-                "id": monitor.ids([position])[0],
+                "id": ids[0],
                 "y": outputs[0],
             },
             "witnesses": [
                 {"id": wid, "y": wy, "distance": d}
-                for wid, wy, d in zip(
-                    monitor.ids(index), outputs[1:], distance.tolist(), strict=True
-                )
+                for wid, wy, d in zip(ids[1:], outputs[1:], distance.tolist(), strict=True)
             ],
             "metric": spec.metric.value,
             "eps": spec.eps,
