@@ -6,7 +6,9 @@
 For each delivery mode (at-least-once, exactly-once), in one run:
 1. throughput: N decisions are produced first; a fresh `vigil run` subprocess then drains
    them; decisions per second = N / (time of the last check - time of the first check),
-   read from the daemon's own `vigil_events_total` counter;
+   read from the daemon's own `vigil_events_total` counter; over the same interval, the
+   daemon's CPU time per decision (user + system, from /proc) and the garbage
+   collections it ran (`python_gc_collections_total`);
 2. latency: with the daemon caught up, decisions are produced at ``--rate`` per second and
    every alert's arrival (read_committed, timed in a process of its own) is matched with
    its decision's send time: p50/p99.
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import gc
 import multiprocessing
+import os
 import re
 import statistics
 import sys
@@ -79,28 +82,43 @@ async def produce_all(bootstrap: str, topic: str, values: list[bytes]) -> None:
         await producer.stop()
 
 
-async def checked(port: int) -> float:
-    body = await wait_http(port, "/metrics")
-    return sum(
+async def checked(port: int) -> tuple[float, float]:
+    """(decisions checked, garbage collections run so far), from the daemon's metrics."""
+    samples = metric_samples(await wait_http(port, "/metrics"))
+    done = sum(
         s.value
-        for s in metric_samples(body)
+        for s in samples
         if s.name == "vigil_events_total"
         and s.labels == {"outcome": "checked", "rule": "compas-fairness"}
     )
+    return done, sum(s.value for s in samples if s.name == "python_gc_collections_total")
 
 
-async def drain_rate(port: int, n: int) -> float:
-    """Decisions per second from the first to the n-th checked decision (daemon metrics)."""
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drain_rate(port: int, pid: int, n: int) -> dict:
+    """From the first to the n-th checked decision (daemon metrics): decisions per second,
+    the daemon's CPU microseconds per decision and its garbage collections."""
     first = None
     while True:
-        done = await checked(port)
-        now = time.perf_counter()
+        done, collections = await checked(port)
+        now, cpu = time.perf_counter(), cpu_seconds(pid)
         if done and first is None:
-            first = (now, done)
+            first = (now, done, cpu, collections)
         if done >= n:
             break
         await asyncio.sleep(0.05)
-    return (n - first[1]) / (now - first[0]) if now > first[0] else float("nan")
+    if now <= first[0]:
+        return {"per_second": float("nan"), "cpu_us": float("nan"), "collections": 0}
+    return {
+        "per_second": (n - first[1]) / (now - first[0]),
+        "cpu_us": 1e6 * (cpu - first[2]) / (n - first[1]),
+        "collections": collections - first[3],
+    }
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -117,7 +135,7 @@ async def run_mode(args, exactly_once: bool, x, y) -> dict:
         await produce_all(args.bootstrap, daemon.topic, events(x, y))
         daemon.start()
         try:
-            rate = await drain_rate(daemon.port, n)
+            drain = await drain_rate(daemon.port, daemon.proc.pid, n)
             latencies = await latency_phase(args, daemon, x, y)
             rss = peak_rss_mib(daemon.proc.pid)
         finally:
@@ -125,7 +143,7 @@ async def run_mode(args, exactly_once: bool, x, y) -> dict:
     return {
         "mode": "exactly-once" if exactly_once else "at-least-once",
         "decisions": n,
-        "per_second": rate,
+        **drain,
         "rss_mib": rss,
         **latencies,
     }
@@ -213,13 +231,14 @@ async def main() -> int:
         f"eps 0.04 auto; latency phase {args.rate}/s for {args.latency_seconds} s"
     )
     print(
-        f"{'mode':<15}{'decisions/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'alerts timed':>14}"
-        f"{'peak RSS MiB':>14}"
+        f"{'mode':<15}{'decisions/s':>12}{'CPU us/dec':>11}{'GCs':>6}{'p50 ms':>9}"
+        f"{'p99 ms':>9}{'alerts timed':>14}{'peak RSS MiB':>14}"
     )
     for mode in args.modes.split(","):
         r = await run_mode(args, mode == "exactly-once", x, y)
         print(
-            f"{r['mode']:<15}{r['per_second']:>12.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
+            f"{r['mode']:<15}{r['per_second']:>12.0f}{r['cpu_us']:>11.1f}{r['collections']:>6.0f}"
+            f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
             f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}"
         )
     return 0

@@ -10,6 +10,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -54,6 +55,7 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)  # process_resident_memory_bytes, _cpu_seconds, _open_fds
         PlatformCollector(registry=r)
+        GCCollector(registry=r)  # python_gc_collections_total, by generation
         Gauge(
             "vigil_build_info",
             "Always 1; the running Vigil's version and Python in its labels.",
