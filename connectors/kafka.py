@@ -175,6 +175,14 @@ def _retry_transactions_after(backoff_ms: int) -> None:
     aiokafka_sender.BACKOFF_OVERRIDE = min(20, backoff_ms) / 1000
 
 
+LINGER_MS = 0
+"""How long the producer holds a batch open for more messages. A delivery appends all its
+messages before the client's sender runs (no append waits while a batch has room), so
+any wait only delays the acknowledgement the commit waits for: 5 ms had been added to
+every delivery (bench/pipeline_bench.py at 10,000 decisions/s: p50 22 -> 12 ms
+at-least-once, 38 -> 26 ms exactly-once)."""
+
+
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
     transaction that also commits the consumer offsets (exactly-once processing)."""
@@ -202,7 +210,7 @@ class KafkaSink:
             enable_idempotence=True,
             acks="all",
             transactional_id=transactional_id,
-            linger_ms=5,
+            linger_ms=LINGER_MS,
             retry_backoff_ms=backoff_ms,
         )
 
