@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from vigil.connectors.kafka import PARTITION_FETCH_BYTES
 from vigil.connectors.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity
 from vigil.daemon.offload import INSTALL_DASK, scheduler_address
 from vigil.rules.ior.backends import parse_backend
@@ -63,6 +64,10 @@ class KafkaConfig(_Section):
     fetch_timeout_ms: Annotated[int, Field(ge=1)] = 200
     fetch_max_wait_ms: Annotated[int, Field(ge=1)] = Field(
         default=20, description="how long the broker may hold a fetch for an idle partition"
+    )
+    max_partition_fetch_bytes: Annotated[int, Field(ge=64 << 10)] = Field(
+        default=PARTITION_FETCH_BYTES,
+        description="bytes one fetch may bring per partition, buffered until checked",
     )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: Annotated[int, Field(ge=1000)] = Field(

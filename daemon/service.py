@@ -89,6 +89,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
             k.session_timeout_ms,
             k.fetch_max_wait_ms,
             security,
+            partition_fetch_bytes=k.max_partition_fetch_bytes,
         )
         transactional_id = (
             k.instance_transactional_id(socket.gethostname()) if k.exactly_once else None

@@ -75,6 +75,10 @@ def test_the_contract_configuration_is_accepted(tmp_path):
         (('metric = "linf"', 'metric = "cosine"'), "rules.0.metric"),
         (('group_id = "vigil"', 'group_id = "vigil"\ncolour = 1'), "kafka.colour"),
         (("exactly_once = true", 'exactly_once = "maybe"'), "kafka.exactly_once"),
+        (
+            ('group_id = "vigil"', 'group_id = "vigil"\nmax_partition_fetch_bytes = 4096'),
+            "kafka.max_partition_fetch_bytes",
+        ),
         (("eps = 0.16", "eps = true"), "rules.0: Value error, eps: expected a number"),
         (("port = 9464", "port = false"), "metrics: Value error, port: expected a number"),
         (('backend = "auto"', 'backend = "parallel:2:parallel"'), "rules.0"),

@@ -51,6 +51,33 @@ async def test_a_fetch_takes_the_records_that_arrived_after_the_buffered_ones(ka
         await source.stop()
 
 
+async def test_the_partition_fetch_size_bounds_what_one_fetch_brings(kafka_bootstrap):
+    """A backlog is read in responses of ``partition_fetch_bytes``: the default takes 400
+    KiB of records in one fetch, 64 KiB takes a fraction of them."""
+    topic = f"fetch-size-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic)
+    await produce(kafka_bootstrap, topic, [i.to_bytes(2, "big") * 512 for i in range(400)])
+
+    async def nothing(_tps) -> None:
+        return None
+
+    async def first_fetch(**options) -> int:
+        source = KafkaSource([topic], kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", **options)
+        await source.start(nothing, nothing)
+        try:
+            records: list = []
+            while not records:
+                records = await source.fetch(1000, 5000)
+            return len(records)
+        finally:
+            await source.stop()
+
+    assert await first_fetch() == 400
+    # one response of at most 64 KiB (plus the producer's batch that crosses it), and at
+    # most one more arriving within the fresh-fetch wait
+    assert await first_fetch(partition_fetch_bytes=64 << 10) < 200
+
+
 async def test_a_refused_transaction_is_asked_again_after_the_sinks_backoff():
     assert TRANSACTION_RETRY_BACKOFF_MS < 20  # below aiokafka's fixed wait for a partition
     sink = KafkaSink("127.0.0.1:1", "group", transactional_id="vigil-test")
