@@ -11,12 +11,9 @@ be committed or snapshotted; the restart replays from the last commit instead.
 ``send`` starts a delivery without waiting for it (snapshots taken meanwhile wait for it
 instead), and deliveries run one at a time and in order, so every commit follows the
 acknowledgement of its answers. The daemon's loop settles each delivery before its next
-fetch, unless the batch was full: a batch fetched while the previous one is delivered would
-wait for that delivery and then for its own (bench/pipeline_bench.py: p50 at 10,000
-decisions/s 30 -> 45 ms at-least-once, 49 -> 69 ms exactly-once, when the loop went on
-fetching). A full batch means a backlog, whose decisions wait anyway: the next one is
-fetched and checked while this one is delivered (the check runs on a thread of its own, so
-the loop carries the delivery's round trips meanwhile).
+fetch: a batch fetched while the previous one is delivered would wait for that delivery and
+then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
+at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching).
 """
 
 from __future__ import annotations
@@ -68,6 +65,12 @@ class Checkpoint:
         """The positions (each already behind the partition's holds) that move a commit
         beyond what is committed or being committed."""
         return {tp: p for tp, p in positions.items() if p > self.target(tp)}
+
+    async def deliver(self, answers: list[Answer], offsets: Offsets) -> None:
+        """Deliver ``answers``, then commit ``offsets`` (in one transaction where the sink
+        commits offsets itself), and wait for both."""
+        await self.send(answers, offsets)
+        await self.settle()
 
     async def send(self, answers: list[Answer], offsets: Offsets) -> None:
         """Start delivering ``answers`` and committing ``offsets`` once the previous

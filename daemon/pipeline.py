@@ -184,7 +184,6 @@ class Pipeline:
             )
             if self.fatal is not None:  # found by an assignment during the fetch
                 raise self.fatal
-            backlog = len(records) >= self.settings.max_batch
             if records:
                 await self._process(records, fetched_at)
             elif not any(r.in_flight() for r in self.rules):
@@ -196,10 +195,7 @@ class Pipeline:
                         self._maybe_snapshot(tp)
             else:  # nothing to read, jobs running: do not spin on a source that never waits
                 await asyncio.sleep(_IDLE_POLL_SECONDS)
-            # with a backlog the next batch is fetched and checked while this one is
-            # delivered; otherwise it waits, so that what arrives meanwhile is not held
-            # behind this delivery and then its own (daemon/checkpoint.py)
-            await self.deliver_completed(wait=not backlog)
+            await self.deliver_completed()
             await self._update_lag()
         await self._settle()
 
@@ -213,17 +209,13 @@ class Pipeline:
         for w in pending:
             w.cancel()
 
-    async def deliver_completed(self, wait: bool = True) -> None:
-        """Deliver the results of finished offloaded jobs and commit what they released
-        (with ``wait``, and wait for every delivery under way)."""
+    async def deliver_completed(self) -> None:
+        """Deliver the results of finished offloaded jobs and commit what they released."""
         async with self._lock:
             if self.failed:
                 return
             answers = [a for r in self.rules for a in r.completed()]
-            positions = self._commit_positions(list(self._emit_from))
-            await self.checkpoint.send(answers, positions)
-            if wait:
-                await self.checkpoint.settle()
+            await self.checkpoint.deliver(answers, self._commit_positions(list(self._emit_from)))
 
     @property
     def failed(self) -> bool:

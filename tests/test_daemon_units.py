@@ -12,7 +12,6 @@ import threading
 import time
 from importlib.resources import files
 from pathlib import Path
-from unittest.mock import patch
 
 import jsonschema
 import numpy as np
@@ -29,7 +28,6 @@ from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.service import _shutdown
 from vigil.daemon.state import FileStore
-from vigil.rules.ior import Monitor
 from vigil.rules.reach.network import Network
 
 CONTRACT = """
@@ -802,88 +800,6 @@ class _FailingSink(MemorySink):
         if self.calls == 2 and messages:
             raise ConnectionError("broker unavailable")
         await super().deliver(messages, offsets)
-
-
-class _HeldSink(MemorySink):
-    """Holds every delivery until ``release`` is set; records where the source stood when
-    each delivery began."""
-
-    def __init__(self, source: MemorySource) -> None:
-        super().__init__()
-        self.source = source
-        self.release = asyncio.Event()
-        self.read_when_delivering: list[int] = []
-
-    async def deliver(self, messages, offsets) -> None:
-        self.read_when_delivering.append(self.source._next)
-        await self.release.wait()
-        await super().deliver(messages, offsets)
-
-
-@pytest.mark.parametrize(
-    ("records", "fetched_meanwhile", "commits"), [(111, 74, [37, 74, 111]), (30, 30, [30])]
-)
-def test_a_full_batch_is_followed_by_the_next_while_it_is_delivered(
-    tmp_path, records, fetched_meanwhile, commits
-):
-    """With a backlog (a full batch of 37) the next batch is fetched and checked while the
-    delivery is held; a partial batch is delivered before anything more is read. Deliveries
-    stay one at a time and in order either way."""
-    values = _decisions(np.zeros((records, 2)), np.arange(records) % 2)
-
-    async def scenario() -> tuple[list[int], int, list]:
-        source = MemorySource("t", values)
-        sink = _HeldSink(source)
-        pipeline, _, _ = _pipeline(values, FileStore(tmp_path), sink, source=source)
-        await source.start(pipeline.on_assign, pipeline.on_revoke)
-        run = asyncio.create_task(pipeline.run(asyncio.Event(), until_idle=True))
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-        held = (list(sink.read_when_delivering), source._next)
-        sink.release.set()
-        await run
-        return *held, sink.deliveries
-
-    delivering, read, deliveries = asyncio.run(scenario())
-    assert len(delivering) == 1  # the second delivery waits for the first
-    assert read == fetched_meanwhile
-    assert [o[("t", 0)] for _, o in deliveries] == commits
-
-
-async def test_the_loop_runs_while_a_batch_is_checked(tmp_path):
-    """The monitor checks on the rule's own thread: other tasks (a delivery's round trips)
-    run meanwhile."""
-    values = _decisions(np.zeros((5, 2)), np.zeros(5))
-    pipeline, source, rule = _pipeline(values, FileStore(tmp_path))
-    await source.start(pipeline.on_assign, pipeline.on_revoke)
-    checking, finish = threading.Event(), threading.Event()
-    monitor_check = Monitor.check_batch
-
-    def slow_check(monitor, *args):
-        checking.set()
-        finish.wait(10)
-        return monitor_check(monitor, *args)
-
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while not finish.is_set():
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    with patch.object(Monitor, "check_batch", slow_check):
-        batch = asyncio.create_task(pipeline.process(await source.fetch(5, 0)))
-        ticker = asyncio.create_task(tick())
-        while not checking.is_set():
-            await asyncio.sleep(0.001)
-        seen = ticks
-        await asyncio.sleep(0.05)
-        assert ticks > seen  # the loop went on while the check was held
-        finish.set()
-        await asyncio.gather(batch, ticker)
-    assert rule.history_size(("t", 0)) == 5
-    rule.close()
 
 
 def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):

@@ -3,11 +3,9 @@ emitted as alert events (the alert contract of docs/architecture.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -54,16 +52,9 @@ class IorRule(Rule):
         self.embedding_dim = 0
         if config.embedding_onnx is not None:
             self.embedding, self.embedding_dim = _read_embedding(config)
-        # the monitors are checked on a thread of their own, one batch at a time: meanwhile
-        # the event loop carries on the previous batch's delivery (its round trips to the
-        # broker), which otherwise waits until the check is done
-        self._checker = ThreadPoolExecutor(1, thread_name_prefix=f"vigil-check-{config.name}")
 
     def serves(self, model: str) -> bool:
         return self.config.model is None or model == self.config.model
-
-    def close(self) -> None:
-        self._checker.shutdown()
 
     def history_size(self, tp: TopicPartition) -> int:
         monitor = self.monitors.get(tp)
@@ -96,9 +87,9 @@ class IorRule(Rule):
                 self.config.history_limit,
                 **options,
             )
-        loop = asyncio.get_running_loop()
-        ids = [d.id for d in good]
-        w, result.seconds = await loop.run_in_executor(self._checker, _timed, monitor, x, y, ids)
+        started = time.perf_counter()
+        w = monitor.check_batch(x, y, [d.id for d in good])
+        result.seconds = time.perf_counter() - started
         result.checked = len(good)
         rows = w.flagged
         if self.config.ratio_threshold is not None:
@@ -246,11 +237,6 @@ def _read_embedding(config: IorRuleConfig) -> tuple[OnnxEmbedding, int]:
         )
     dim = embedding.dim or embedding(np.zeros((1, config.input_dim))).shape[1]
     return embedding, dim
-
-
-def _timed(monitor: Monitor, x: np.ndarray, y: np.ndarray, ids: list) -> tuple[Witnesses, float]:
-    started = time.perf_counter()
-    return monitor.check_batch(x, y, ids), time.perf_counter() - started
 
 
 def _first_length(decisions: list[Decision], field_name: str = "x") -> int:
