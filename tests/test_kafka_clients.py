@@ -1,6 +1,7 @@
-"""What the Kafka source and sink add to aiokafka for latency: a fetch reads what arrived
-while the previous batch was checked, and the exactly-once sink asks again soon for a
-transaction the broker refused while it still wrote the previous commit's markers."""
+"""What the Kafka source and sink add to aiokafka for latency and throughput: a fetch reads
+what arrived while the previous batch was checked, a backlog is read in responses of the
+configured size, and the exactly-once sink asks again soon for a transaction the broker
+refused while it still wrote the previous commit's markers."""
 
 from __future__ import annotations
 
