@@ -21,6 +21,10 @@ def refused_for(topic: str) -> SimpleNamespace:
     return SimpleNamespace(errors=[(topic, [(0, ConcurrentTransactions.errno)])])
 
 
+async def nothing(_tps) -> None:
+    """An assignment callback with nothing to do."""
+
+
 async def test_a_fetch_takes_the_records_that_arrived_after_the_buffered_ones(kafka_bootstrap):
     """The consumer keeps one response buffered per partition; a fetch that takes it must
     also take the records the broker received since, not leave them for the next batch."""
@@ -31,9 +35,6 @@ async def test_a_fetch_takes_the_records_that_arrived_after_the_buffered_ones(ka
         values = [f"{prefix}{i}".encode() for i in range(10)]
         await produce(kafka_bootstrap, topic, values)
         return values
-
-    async def nothing(_tps) -> None:
-        return None
 
     # a generous wait: a fetch returns as soon as the records are there
     source = KafkaSource([topic], kafka_bootstrap, f"g-{topic}", fresh_fetch_wait_ms=2000)
@@ -58,9 +59,6 @@ async def test_the_partition_fetch_size_bounds_what_one_fetch_brings(kafka_boots
     topic = f"fetch-size-{uuid.uuid4().hex[:8]}"
     await create_topic(kafka_bootstrap, topic)
     await produce(kafka_bootstrap, topic, [i.to_bytes(2, "big") * 512 for i in range(400)])
-
-    async def nothing(_tps) -> None:
-        return None
 
     async def first_fetch(**options) -> int:
         source = KafkaSource([topic], kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", **options)

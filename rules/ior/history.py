@@ -58,8 +58,7 @@ class History:
         self.size = stop
         if len(x):
             np.maximum(self.column_max_abs, np.abs(x).max(axis=0), out=self.column_max_abs)
-            if limit is None or len(self._x) < limit:
-                self._copy_ahead(3 * len(x), limit)
+            self._copy_ahead(3 * len(x), limit)
         return start, stop
 
     def clear(self) -> None:
@@ -72,9 +71,9 @@ class History:
     def _copy_ahead(self, rows: int, limit: int | None) -> None:
         capacity = len(self._x)
         if self._next is None:
-            if 2 * self.size < capacity:
-                return
             grown = _grown(capacity, self.size, limit)
+            if 2 * self.size < capacity or grown <= capacity:  # not half full, or at the limit
+                return
             self._next = (_resized(self._x, grown), _resized(self._y, grown))
             self._copied = 0
         end = min(self.size, self._copied + rows)
