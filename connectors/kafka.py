@@ -7,8 +7,16 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFenced,
+)
 from aiokafka.producer import sender as aiokafka_sender
+from aiokafka.protocol.metadata import MetadataRequest
 
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from vigil.connectors.events import Record
@@ -33,6 +41,55 @@ async def start_client(
     except KafkaConnectionError:
         await client.stop()
         raise await diagnose(servers, security) from None
+
+
+def broker_gone(error: BaseException) -> bool:
+    """Whether ``error`` says the cluster did not answer in time (worth waiting out), as
+    opposed to refusing the request (a setting, a size, an authorisation)."""
+    if isinstance(error, KafkaError):
+        return bool(error.retriable) or isinstance(error, KafkaTimeoutError)
+    return isinstance(error, (OSError, TimeoutError))
+
+
+def fenced(error: BaseException) -> bool:
+    """Whether ``error`` says the producer's transactional epoch is no longer current: a
+    newer producer with its transactional id, or the broker's transaction timeout aborting
+    a transaction left open (as during a long outage)."""
+    return isinstance(error, (ProducerFenced, InvalidProducerEpoch))
+
+
+class BrokerProbe:
+    """Asks the cluster for its broker list, over a connection of its own: whether any
+    broker answers within a time limit (a paused broker still accepts connections, so
+    only an answer counts)."""
+
+    def __init__(self, servers: str, security: KafkaSecurity, client_id: str = "vigil") -> None:
+        self._client = AIOKafkaClient(
+            **security.client_options(),
+            bootstrap_servers=servers,
+            client_id=f"{client_id}-probe",
+        )
+        self._bootstrapped = False
+
+    async def answers(self, timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                if not self._bootstrapped:
+                    await self._client.bootstrap()
+                    self._bootstrapped = True
+                    return True
+                for broker in self._client.cluster.brokers():
+                    try:
+                        await self._client.send(broker.nodeId, MetadataRequest([]))
+                    except KafkaError:
+                        continue
+                    return True
+                return False
+        except (KafkaError, OSError, TimeoutError):
+            return False
+
+    async def close(self) -> None:
+        await self._client.close()
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -201,23 +258,40 @@ class KafkaSink:
         self._group_id = group_id
         self._servers = bootstrap_servers
         self._security = security
-        backoff_ms = 100
+        self._client_id = client_id
+        self._transactional_id = transactional_id
+        self._backoff_ms = 100
         if transactional_id is not None:
-            backoff_ms = TRANSACTION_RETRY_BACKOFF_MS
-            _retry_transactions_after(backoff_ms)
-        self._producer = AIOKafkaProducer(
-            **security.client_options(),
-            bootstrap_servers=bootstrap_servers,
-            client_id=client_id,
+            self._backoff_ms = TRANSACTION_RETRY_BACKOFF_MS
+            _retry_transactions_after(self._backoff_ms)
+        self._producer = self._new_producer()
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **self._security.client_options(),
+            bootstrap_servers=self._servers,
+            client_id=self._client_id,
             enable_idempotence=True,
             acks="all",
-            transactional_id=transactional_id,
+            transactional_id=self._transactional_id,
             linger_ms=LINGER_MS,
-            retry_backoff_ms=backoff_ms,
+            retry_backoff_ms=self._backoff_ms,
         )
 
     async def start(self) -> None:
         await start_client(self._producer, self._servers, self._security)
+
+    async def restart(self, close_timeout: float) -> None:
+        """Replace the producer after a failed delivery: the old one is closed (for at most
+        ``close_timeout`` seconds; a transaction it left open is aborted by the new one's
+        start, which fences it), the new one starts with a fresh epoch."""
+        old, self._producer = self._producer, self._new_producer()
+        try:
+            async with asyncio.timeout(close_timeout):
+                await old.stop()
+        except (TimeoutError, KafkaError, OSError):
+            pass
+        await self.start()
 
     async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
         if not self.commits_offsets:

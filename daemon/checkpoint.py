@@ -97,19 +97,31 @@ class Checkpoint:
             delivery, self._delivery = self._delivery, None
             await asyncio.wait([delivery])
 
-    async def _deliver(self, answers: list[Answer], offsets: Offsets) -> None:
+    async def _deliver(self, answers: list[Answer], offsets: Offsets) -> bool:
+        """Whether the answers went out and the offsets were committed."""
         try:
             await self.sink.deliver([a.message for a in answers], offsets)
             if not self.sink.commits_offsets and offsets:
                 await self.source.commit(offsets)
         except Exception as e:
             self.error = e
-            return
+            return False
         except BaseException as e:
             self.error = e
             raise
         self.committed.update(offsets)
         self._sending.clear()
+        return True
+
+    def reset(self) -> None:
+        """Forget a failed delivery, its offsets and the waiting answers, once every
+        partition is to be resumed from its commit (and assigned again)."""
+        self.error = None
+        self._delivery = None
+        self._sending.clear()
+        self.committed.clear()
+        self._outbox.clear()
+        self._count_outbox()
 
     def _release(self, answers: list[Answer], offsets: Offsets) -> list[Answer]:
         """The answers (new or waiting) to records that ``offsets`` commit, in record order;

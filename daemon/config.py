@@ -73,6 +73,11 @@ class KafkaConfig(_Section):
     session_timeout_ms: Annotated[int, Field(ge=1000)] = Field(
         default=10_000, description="how soon a crashed instance's partitions are reassigned"
     )
+    startup_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=60.0,
+        description="how long an unreachable broker is waited for at start-up and while "
+        "partitions are recovered, before the daemon exits with status 1",
+    )
 
     security_protocol: Literal[PROTOCOLS] = "PLAINTEXT"
     ssl_cafile: Path | None = Field(
@@ -282,6 +287,10 @@ class MetricsConfig(_Section):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 9464
     enabled: bool = True
+    ready_broker_grace_seconds: Annotated[float, Field(ge=0)] = Field(
+        default=10.0,
+        description="/readyz answers not ready once the broker has been unreachable this long",
+    )
 
 
 class StateConfig(_Section):

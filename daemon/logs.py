@@ -1,16 +1,79 @@
 """structlog set-up: JSON lines in production, readable output on a terminal; stdlib
-logging (aiokafka) rendered the same way."""
+logging (aiokafka) rendered the same way, its repeats aggregated."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import structlog
 
 LIBRARY_LOGGERS = ("aiokafka",)
 """Libraries whose stdlib logging is chatty at INFO (every rebalance, every coordinator
 lookup): they log at WARNING and above unless the configured level is lower (debug)."""
+
+
+EXPECTED_AT_START = {
+    "GroupCoordinatorNotAvailable": logging.DEBUG,  # the group's coordinator is being elected
+    "not found in cluster metadata": logging.INFO,  # a topic being auto-created
+    "No partition metadata for topic": logging.INFO,  # the same, seen by the assignor
+}
+"""Fragments of client messages that name conditions a healthy start goes through, and the
+level they are written at (the client says error or warning)."""
+
+REPEAT_INTERVAL_SECONDS = 60.0
+
+
+class ClientLogFilter(logging.Filter):
+    """The Kafka client's records, made fit for a long-running log.
+
+    Conditions a healthy start goes through are written at info or debug. While ``quiet``
+    (the broker watch has found the cluster away, daemon/broker.py) warnings and errors are
+    counted, not written: they all tell the outage the watch reports once. Otherwise each
+    message kind (its format string) is written at most once per ``interval`` seconds; the
+    first one after that says how many were held back."""
+
+    def __init__(self, interval: float = REPEAT_INTERVAL_SECONDS) -> None:
+        super().__init__()
+        self.interval = interval
+        self.threshold = logging.INFO
+        self.quiet = False
+        self._suppressed = 0
+        self._kinds: dict[tuple[str, object], tuple[float, int]] = {}  # last written, held
+
+    def take_suppressed(self) -> int:
+        """Records held back while quiet since the last call."""
+        n, self._suppressed = self._suppressed, 0
+        return n
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(LIBRARY_LOGGERS):
+            return True
+        text = record.getMessage()
+        for fragment, level in EXPECTED_AT_START.items():
+            if fragment in text and record.levelno > level:
+                record.levelno, record.levelname = level, logging.getLevelName(level)
+        if record.levelno < self.threshold:
+            return False
+        if self.quiet and record.levelno >= logging.WARNING:
+            self._suppressed += 1
+            return False
+        kind = (record.name, record.msg)
+        now = time.monotonic()
+        last, held = self._kinds.get(kind, (-self.interval, 0))
+        if now - last < self.interval:
+            self._kinds[kind] = (last, held + 1)
+            return False
+        self._kinds[kind] = (now, 0)
+        if held:
+            record.msg = f"{text} ({held} more like it in the last {now - last:.0f} s)"
+            record.args = None
+        return True
+
+
+CLIENT_LOGS = ClientLogFilter()
+"""The one filter of the process's client records (the broker watch sets ``quiet``)."""
 
 
 class _VigilHandler(logging.StreamHandler):
@@ -37,6 +100,8 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         cache_logger_on_first_use=True,
     )
     handler = _VigilHandler(sys.stderr)
+    CLIENT_LOGS.threshold = threshold
+    handler.addFilter(CLIENT_LOGS)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],

@@ -176,6 +176,28 @@ class Metrics:
             registry=r,
         )
 
+        self.delivery_recoveries = Counter(
+            "vigil_delivery_recoveries",
+            "Deliveries that failed because the broker did not answer, after which the "
+            "daemon made a new producer and resumed its partitions from their commits.",
+            registry=r,
+        )
+
+    def watch_broker(self) -> tuple[Gauge, Counter]:
+        """The broker's reachability series (made only where there is a broker: with the
+        files source they would read as an outage)."""
+        up = Gauge(
+            "vigil_broker_up",
+            "1 while the Kafka cluster answers the daemon's probe, 0 while it does not.",
+            registry=self.registry,
+        )
+        away = Counter(
+            "vigil_broker_unreachable_seconds",
+            "Seconds during which the Kafka cluster did not answer the daemon's probe.",
+            registry=self.registry,
+        )
+        return up, away
+
     def start(
         self, rules: Mapping[str, tuple[str, str]], pools: Mapping[str, Iterable[str]]
     ) -> None:

@@ -31,13 +31,21 @@ from vigil.connectors.events import (
     encode,
     now_iso,
 )
+from vigil.connectors.kafka import broker_gone, fenced
+from vigil.connectors.kafka_security import BrokerUnavailable
 from vigil.daemon.adapters import Answer, Rule, RuleResult
+from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.checkpoint import Checkpoint
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.state import Restored, StateStore, restore_partition
 
 log = structlog.get_logger("vigil.pipeline")
 _IDLE_POLL_SECONDS = 0.01
+_LAG_TIMEOUT_SECONDS = 1.0
+_RETRY_SECONDS = 1.0
+_FENCED_AFTER_OUTAGE_SECONDS = 300.0
+"""A fenced producer within this long of an outage was fenced by the broker's transaction
+timeout (its transaction outlived the outage), not by another instance."""
 
 
 class HistoryGap(ValueError):
@@ -52,6 +60,8 @@ class PipelineSettings:
     snapshot_every_events: int = 100_000
     snapshot_every_seconds: float = 60.0
     fail_on_history_gap: bool = False
+    startup_timeout_seconds: float = 60.0
+    """How long recovering a partition waits for an unreachable broker."""
 
 
 class Pipeline:
@@ -63,8 +73,10 @@ class Pipeline:
         store: StateStore,
         metrics: Metrics,
         settings: PipelineSettings,
+        broker: BrokerWatch | None = None,
     ) -> None:
         self.rules = rules
+        self.broker = broker
         self.source = source
         self.sink = sink
         self.store = store
@@ -87,15 +99,22 @@ class Pipeline:
     # -- assignment -------------------------------------------------------------------
 
     async def on_assign(self, tps: list[TopicPartition]) -> None:
+        """Recover the assigned partitions. A failure stops the loop (``fatal``): the client
+        would only log it and leave the partitions unread."""
         async with self._lock:
             await self.checkpoint.wait()
-            for tp in tps:
-                await self._recover(tp)
+            try:
+                for tp in tps:
+                    await self._recover(tp)
+            except Exception as e:
+                if self.fatal is None:
+                    self.fatal = e
+                return
             self.metrics.assigned_partitions.set(len(self.source.assignment()))
 
     async def _recover(self, tp: TopicPartition) -> None:
         rules = self._rules_for(tp[0])
-        restored = await restore_partition(tp, rules, self.source, self.store, self.metrics)
+        restored = await self._restore(tp, rules)
         self._report_gaps(tp, restored)
         for rule in rules:
             self._apply_from[(rule.name, tp)] = restored.apply_from[rule.name]
@@ -116,6 +135,44 @@ class Pipeline:
             committed=restored.committed,
             replay_from=restored.replay_from,
         )
+
+    async def _restore(self, tp: TopicPartition, rules: list[Rule]) -> Restored:
+        """``restore_partition``, tried again while the broker does not answer; raises
+        ``BrokerUnavailable`` once it has been away ``startup_timeout_seconds``."""
+        waited = False
+        while True:
+            attempt = asyncio.ensure_future(
+                restore_partition(tp, rules, self.source, self.store, self.metrics)
+            )
+            try:
+                return await self._unless_broker_away(attempt)
+            except Exception as e:
+                if self.broker is None or not broker_gone(e):
+                    raise
+                self.store.close(tp)
+                for rule in rules:
+                    rule.drop(tp)
+                if not waited:
+                    log.warning("recovery_waiting_for_broker", topic=tp[0], partition=tp[1])
+                    waited = True
+                await asyncio.sleep(_RETRY_SECONDS)
+
+    async def _unless_broker_away(self, task: asyncio.Future) -> Restored:
+        """``task``'s result, or ``BrokerUnavailable`` (``task`` cancelled) once the broker
+        has not answered for ``startup_timeout_seconds``."""
+        limit = self.settings.startup_timeout_seconds
+        try:
+            while True:
+                done, _ = await asyncio.wait([task], timeout=_RETRY_SECONDS)
+                if done:
+                    return task.result()
+                if self.broker is not None and self.broker.unreachable_for() > limit:
+                    raise BrokerUnavailable(
+                        f"the broker did not answer for {limit:.0f} s while partitions were "
+                        "recovered ([kafka] startup_timeout_seconds)"
+                    )
+        finally:
+            task.cancel()
 
     def _report_gaps(self, tp: TopicPartition, restored: Restored) -> None:
         """Records retention deleted before they were covered: never silent. Each is logged
@@ -172,32 +229,94 @@ class Pipeline:
         """Process batches until ``stop`` is set (or, with ``until_idle``, the source has
         nothing more to give)."""
         while not stop.is_set():
-            if self.fatal is not None:
-                raise self.fatal
-            if self._saturated():  # backpressure: let offloaded jobs finish before fetching
-                await self._wait_for_space()
-                await self.deliver_completed()
-                continue
-            fetched_at = dict(self._assignments)
-            records = await self.source.fetch(
-                self.settings.max_batch, self.settings.fetch_timeout_ms
-            )
-            if self.fatal is not None:  # found by an assignment during the fetch
-                raise self.fatal
-            if records:
-                await self._process(records, fetched_at)
-            elif not any(r.in_flight() for r in self.rules):
-                await self._settle()
-                if until_idle:
+            try:
+                if await self._step(stop, until_idle):
                     break
-                async with self._lock:
-                    for tp in list(self._emit_from):
-                        self._maybe_snapshot(tp)
-            else:  # nothing to read, jobs running: do not spin on a source that never waits
-                await asyncio.sleep(_IDLE_POLL_SECONDS)
+            except Exception as e:
+                if not self._outage_caused(e):
+                    raise
+                await self._resume(e, stop)
+        if not self.failed:
+            await self._settle()
+
+    async def _step(self, stop: asyncio.Event, until_idle: bool) -> bool:
+        """One fetch and what follows it; true when ``until_idle`` and the source is idle.
+        The fetch gives way to ``stop`` (the client waits without a bound for partitions
+        while its group cannot reach the broker)."""
+        if self.fatal is not None:
+            raise self.fatal
+        if self._saturated():  # backpressure: let offloaded jobs finish before fetching
+            await self._wait_for_space()
             await self.deliver_completed()
-            await self._update_lag()
-        await self._settle()
+            return False
+        fetched_at = dict(self._assignments)
+        fetch = self.source.fetch(self.settings.max_batch, self.settings.fetch_timeout_ms)
+        records = await _unless_stopped(fetch, stop)
+        if stop.is_set():
+            return False
+        if self.fatal is not None:  # found by an assignment during the fetch
+            raise self.fatal
+        if records:
+            await self._process(records, fetched_at)
+        elif not any(r.in_flight() for r in self.rules):
+            await self._settle()
+            if until_idle:
+                return True
+            async with self._lock:
+                for tp in list(self._emit_from):
+                    self._maybe_snapshot(tp)
+        else:  # nothing to read, jobs running: do not spin on a source that never waits
+            await asyncio.sleep(_IDLE_POLL_SECONDS)
+        await self.deliver_completed()
+        await self._update_lag()
+        return False
+
+    def _outage_caused(self, error: Exception) -> bool:
+        """Whether a failed delivery is the broker's absence, to be waited out: it did not
+        answer, or its transaction timeout fenced a transaction that outlived an outage."""
+        if self.broker is None or self.checkpoint.error is not error:
+            return False
+        if broker_gone(error):
+            return True
+        back = self.broker.last_back
+        recent = back is not None and time.monotonic() - back < _FENCED_AFTER_OUTAGE_SECONDS
+        return fenced(error) and (recent or not self.broker.up)
+
+    async def _resume(self, error: Exception, stop: asyncio.Event) -> None:
+        """After a delivery the broker did not take: wait for it, make a new producer (its
+        start aborts the transaction left open), and resume every partition from its
+        commit, as a new assignment would; nothing was committed past the answers that went
+        out, so the records after the commit are answered again (their jobs run again)."""
+        assert self.broker is not None
+        log.warning("delivery_failed_waiting_for_broker", error=repr(error))
+        self.metrics.delivery_recoveries.inc()
+        while True:
+            waiting = asyncio.ensure_future(self.broker.wait_until_up())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            stopping.cancel()
+            if stop.is_set():
+                return  # failed stays set: nothing more is committed or snapshotted
+            try:
+                async with self._lock:
+                    await self.sink.restart(self.settings.startup_timeout_seconds)
+                    tps = list(self._emit_from)
+                    for tp in tps:
+                        for rule in self._rules_for(tp[0]):
+                            rule.drop(tp)
+                        self.store.close(tp)
+                    self.checkpoint.reset()
+                    for tp in tps:
+                        await self._recover(tp)
+            except Exception as e:
+                if not broker_gone(e):
+                    raise
+                log.info("resume_waiting_for_broker", error=repr(e))
+                await asyncio.sleep(_RETRY_SECONDS)
+                continue
+            log.info("resumed", partitions=len(tps))
+            return
 
     def _saturated(self) -> bool:
         return any(r.saturated() for r in self.rules)
@@ -420,7 +539,7 @@ class Pipeline:
         if delivery is not None:
             await asyncio.wait([delivery])
         rule, tp = key
-        if self.failed:
+        if self.failed or (delivery is not None and not _delivered(delivery)):
             self.store.forget(rule, tp)
             return
         started = time.perf_counter()
@@ -451,10 +570,16 @@ class Pipeline:
             await self._flush_snapshots()
 
     async def _update_lag(self) -> None:
-        """Refresh the consumer-lag gauges; a metric never stops the daemon (the client
-        refuses positions of partitions a rebalance took away meanwhile)."""
+        """Refresh the consumer-lag gauges; a metric never stops or holds up the daemon (the
+        client refuses positions of partitions a rebalance took away meanwhile, and waits
+        for a broker that does not answer)."""
+        if self.broker is not None and not self.broker.up:
+            return
         try:
-            lags = await self.source.lag()
+            async with asyncio.timeout(_LAG_TIMEOUT_SECONDS):
+                lags = await self.source.lag()
+        except TimeoutError:
+            return
         except Exception as e:
             log.warning("lag_unavailable", error=repr(e))
             return
@@ -462,6 +587,23 @@ class Pipeline:
             for (topic, partition), lag in lags.items():
                 if (topic, partition) in self._emit_from:
                     self.metrics.consumer_lag.labels(topic, str(partition)).set(lag)
+
+
+async def _unless_stopped(work: Awaitable[list[Record]], stop: asyncio.Event) -> list[Record]:
+    """``work``'s records, or none if ``stop`` is set first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    return []
+
+
+def _delivered(delivery: asyncio.Task) -> bool:
+    """Whether a finished delivery task went out and committed (``Checkpoint._deliver``)."""
+    return not delivery.cancelled() and delivery.exception() is None and delivery.result()
 
 
 def _of_models(

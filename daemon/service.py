@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import structlog
 
 from vigil.connectors.files import JsonLinesSink, JsonLinesSource
-from vigil.connectors.kafka import KafkaSink, KafkaSource
-from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable
+from vigil.connectors.kafka import BrokerProbe, KafkaSink, KafkaSource
+from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable, diagnose
 from vigil.daemon.adapters import Rule, RuleContext, build_rule
+from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.collector import collect_between_batches
 from vigil.daemon.config import Config
 from vigil.daemon.http import OpsServer
@@ -21,7 +28,6 @@ from vigil.daemon.metrics import Metrics
 from vigil.daemon.offload import DaskCluster, OffloadPool, process_executor
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.state import FileStore, KafkaStore, StateStore
-from vigil.daemon.state.kafka_store import StateTopicError
 
 log = structlog.get_logger("vigil")
 
@@ -96,6 +102,10 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         )
         sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security)
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms
+        broker = BrokerWatch(
+            BrokerProbe(k.bootstrap_servers, security, k.client_id), metrics, k.bootstrap_servers
+        )
+        startup_timeout = k.startup_timeout_seconds
         store: StateStore = FileStore(config.state.dir, config.state.keep)
         if config.state.store == "kafka":
             store = KafkaStore(
@@ -118,6 +128,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         }
         sink = JsonLinesSink({topic: path for topic, path in files.items() if path is not None})
         max_batch, timeout = f.max_batch, 100  # the wait at the end of the file
+        broker, startup_timeout = None, PipelineSettings.startup_timeout_seconds
         store = FileStore(config.state.dir, config.state.keep)
     settings = PipelineSettings(
         dead_letter_topic=out.dead_letter_topic,
@@ -126,36 +137,59 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         snapshot_every_events=config.state.snapshot_every_events,
         snapshot_every_seconds=config.state.snapshot_every_seconds,
         fail_on_history_gap=config.state.on_history_gap == "fail",
+        startup_timeout_seconds=startup_timeout,
     )
-    return Pipeline(rules, source, sink, store, metrics, settings)
+    return Pipeline(rules, source, sink, store, metrics, settings, broker)
+
+
+class ShutdownIncomplete(Exception):
+    """The daemon stopped when asked, but not everything could be finished within
+    ``[shutdown] deadline_seconds``: ``pending`` names what was left (uncommitted records are
+    read again after the restart, so nothing is lost)."""
+
+    def __init__(self, pending: list[str]) -> None:
+        super().__init__(", ".join(pending))
+        self.pending = pending
 
 
 async def run_daemon(
     config: Config, until_idle: bool = False, stop: asyncio.Event | None = None
 ) -> Pipeline:
     """Run until SIGTERM/SIGINT (or ``stop``; or, with ``until_idle``, until the source is
-    drained), then drain, snapshot, commit and close within the shutdown deadline."""
+    drained), then drain, snapshot, commit and close within the shutdown deadline; raise
+    ``ShutdownIncomplete`` when that could not all be done in time."""
     allocator_tuned = keep_freed_memory()
     metrics = Metrics()
     pipeline = build_pipeline(config, metrics)
     stop = stop or asyncio.Event()
+    deadline = config.shutdown.deadline_seconds
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+        with contextlib.suppress(ValueError):  # not the main thread: the caller stops it
+            signal.signal(sig, partial(_stop_within, loop, stop, deadline))
     server = None
     if config.metrics.enabled:
-        server = OpsServer(config.metrics.host, config.metrics.port, metrics.render, pipeline.ready)
+        grace = config.metrics.ready_broker_grace_seconds
+        server = OpsServer(
+            config.metrics.host,
+            config.metrics.port,
+            metrics.render,
+            partial(_ready, pipeline, grace),
+        )
         await server.start()
+    if pipeline.broker is not None:
+        pipeline.broker.start()
     try:
-        await pipeline.sink.start()
-        await pipeline.store.start()
-        await pipeline.source.start(pipeline.on_assign, pipeline.on_revoke)
-    except (BrokerUnavailable, BrokerRejected, StateTopicError):
-        await _close(pipeline, server)
-        for rule in pipeline.rules:
-            rule.close()
+        started = await _start(pipeline, config, stop)
+    except BaseException:
+        await _close(pipeline, server, time.monotonic() + deadline)
         raise
+    if not started:
+        log.info("stopping", deadline_seconds=deadline)
+        pending = await _close(pipeline, server, time.monotonic() + deadline * _GRACEFUL_SHARE)
+        if pipeline.broker is not None and not pipeline.broker.answered:
+            pending.append("the broker never answered")
+        return _stopped(pipeline, pending)
     collect_between_batches()
     log.info(
         "started",
@@ -163,43 +197,204 @@ async def run_daemon(
         metrics_port=server.port if server else None,
         allocator_tuned=allocator_tuned,
     )
+    running = asyncio.create_task(pipeline.run(stop, until_idle), name="pipeline")
     try:
-        await pipeline.run(stop, until_idle)
+        await _until_stopped(running, stop)
     except Exception:
         log.exception("pipeline_failed", delivery_failed=pipeline.failed)
+        await _close(pipeline, server, time.monotonic() + deadline)
         raise
-    finally:
-        log.info("stopping", deadline_seconds=config.shutdown.deadline_seconds)
-        deadline = config.shutdown.deadline_seconds
-        try:
-            await asyncio.wait_for(_shutdown(pipeline, server, deadline / 2), deadline)
-        except TimeoutError:
-            log.error("shutdown_deadline_exceeded")
-            raise
-        finally:
-            for rule in pipeline.rules:
-                rule.close()
+    log.info("stopping", deadline_seconds=deadline)
+    ends = time.monotonic() + deadline * _GRACEFUL_SHARE
+    pending = await _shutdown(pipeline, running, ends, deadline)
+    pending += await _close(pipeline, server, ends)
+    return _stopped(pipeline, pending)
+
+
+def _ready(pipeline: Pipeline, grace: float) -> bool:
+    """Partitions recovered, and the broker not away longer than ``grace`` seconds."""
+    broker = pipeline.broker
+    return pipeline.ready() and (broker is None or broker.unreachable_for() <= grace)
+
+
+def _stop_within(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, deadline: float, *_: object
+) -> None:
+    """A stop signal (handled as it arrives, not when the loop gets to it): stop the loop,
+    and end the process at ``deadline`` if the graceful shutdown (given ``_GRACEFUL_SHARE``
+    of it) has not: a loop held up in native code cannot run its own timeouts."""
+    if stop.is_set() or _stop_signalled.is_set():
+        return
+    _stop_signalled.set()
+    loop.call_soon_threadsafe(stop.set)
+    threading.Thread(target=_exit_after, args=(deadline,), daemon=True).start()
+
+
+_stop_signalled = threading.Event()
+
+
+_GRACEFUL_SHARE = 0.8
+
+
+def _exit_after(seconds: float) -> None:
+    time.sleep(seconds)
+    log.warning("shutdown_deadline_exceeded", pending=["the shutdown itself (forced exit)"])
+    sys.stderr.flush()
+    os._exit(EXIT_SHUTDOWN_INCOMPLETE)
+
+
+EXIT_SHUTDOWN_INCOMPLETE = 3
+"""``vigil run``'s status when stopped on request without finishing (docs/operations.md)."""
+
+
+def _stopped(pipeline: Pipeline, pending: list[str]) -> Pipeline:
+    """Log how the shutdown ended; raise ``ShutdownIncomplete`` if something was left."""
+    if pending:
+        log.warning("shutdown_deadline_exceeded", pending=pending)
+        raise ShutdownIncomplete(pending)
     log.info("stopped")
     return pipeline
 
 
-async def _shutdown(pipeline: Pipeline, server: OpsServer | None, drain_seconds: float) -> None:
-    """Finish offloaded jobs (for at most ``drain_seconds``: the rest run again after the
-    restart, as their offsets stay uncommitted), deliver, snapshot, commit, close."""
+async def _start(pipeline: Pipeline, config: Config, stop: asyncio.Event) -> bool:
+    """Start the clients once the broker answers; false if stopped first."""
+    if pipeline.broker is not None and not await _wait_for_broker(pipeline.broker, config, stop):
+        return False
+    for step in (
+        pipeline.sink.start,
+        pipeline.store.start,
+        partial(pipeline.source.start, pipeline.on_assign, pipeline.on_revoke),
+    ):
+        if not await _first(step(), stop):
+            return False
+    return True
+
+
+async def _wait_for_broker(broker: BrokerWatch, config: Config, stop: asyncio.Event) -> bool:
+    """Wait until the broker answers (true) or ``stop`` is set (false). A broker that
+    refuses these security settings raises ``BrokerRejected`` at once; one that does not
+    answer for ``[kafka] startup_timeout_seconds`` raises ``BrokerUnavailable`` with the
+    reason the last attempt gave."""
+    kafka = config.kafka
+    assert kafka is not None
+    servers, security = kafka.bootstrap_servers, kafka.security()
+    ends = time.monotonic() + kafka.startup_timeout_seconds
+    diagnosed = False
+    while broker.up is not True:
+        if stop.is_set():
+            return False
+        late = time.monotonic() > ends
+        if (broker.up is False and not diagnosed) or late:
+            diagnosed = True
+            why = await diagnose(servers, security, _DIAGNOSE_SECONDS)
+            if isinstance(why, BrokerRejected):
+                raise why
+            if late:
+                raise BrokerUnavailable(
+                    f"{why} (retried for {kafka.startup_timeout_seconds:g} s: "
+                    "[kafka] startup_timeout_seconds)"
+                )
+        await _first(asyncio.sleep(_STARTUP_POLL_SECONDS), stop)
+    return True
+
+
+_DIAGNOSE_SECONDS = 5.0
+_STARTUP_POLL_SECONDS = 0.2
+
+
+async def _first(work: Awaitable[object], stop: asyncio.Event) -> bool:
+    """Await ``work`` unless ``stop`` is set first (then ``work`` is cancelled): whether it
+    finished."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    task.result()
+    return True
+
+
+async def _until_stopped(running: asyncio.Task, stop: asyncio.Event) -> None:
+    """Wait until the loop ends by itself (its failure raised) or ``stop`` is set."""
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([running, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if running.done():
+        running.result()
+
+
+async def _shutdown(
+    pipeline: Pipeline, running: asyncio.Task, ends: float, deadline: float
+) -> list[str]:
+    """Let the loop finish its batch (a quarter of the deadline: longer means the broker
+    does not take its delivery, and the batch is read again after the restart), then
+    finish offloaded jobs (for at most half the deadline: the rest run again after the
+    restart, as their offsets stay uncommitted), deliver, snapshot and commit, all before
+    ``ends``. What could not be done is returned; with an unfinished delivery nothing more
+    is committed or snapshotted (an open transaction is aborted, or left to the broker's
+    transaction timeout)."""
+    done, _ = await asyncio.wait([running], timeout=deadline / 4)
+    if not done:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        return ["the loop's wait for the broker (what it read is read again after the restart)"]
+    if pipeline.failed:
+        return ["a failed delivery (its records are read again after the restart)"]
+    running.result()
     drains = [asyncio.ensure_future(rule.drain()) for rule in pipeline.rules]
-    _, late = await asyncio.wait(drains, timeout=drain_seconds)
+    _, late = await asyncio.wait(drains, timeout=deadline / 2) if drains else (set(), set())
     for task in late:
         task.cancel()
     if late:
-        log.warning("shutdown_left_jobs_running")
+        log.warning("shutdown_left_jobs_running", jobs=len(late))
+    final = asyncio.ensure_future(_deliver_and_snapshot(pipeline))
+    done, _ = await asyncio.wait([final], timeout=max(0.0, ends - time.monotonic()))
+    if not done:
+        final.cancel()
+        await asyncio.gather(final, return_exceptions=True)
+        return ["the final delivery, commit and snapshots"]
+    final.result()
+    return []
+
+
+async def _deliver_and_snapshot(pipeline: Pipeline) -> None:
     await pipeline.deliver_completed()
     await pipeline.snapshot_all()
-    await _close(pipeline, server)
 
 
-async def _close(pipeline: Pipeline, server: OpsServer | None) -> None:
-    await pipeline.source.stop()
-    await pipeline.store.stop()
-    await pipeline.sink.stop()
-    if server:
-        await server.stop()
+async def _close(pipeline: Pipeline, server: OpsServer | None, ends: float) -> list[str]:
+    """Close the clients, each within its share of the time left before ``ends`` (at least
+    a moment each); the ones that did not close in time (the broker did not answer their
+    goodbye) are returned."""
+    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+        ("the consumer's close", pipeline.source.stop),
+        ("the state store's close", pipeline.store.stop),
+        ("the producer's close", pipeline.sink.stop),
+    ]
+    if pipeline.broker is not None:
+        steps.append(("the broker watch's close", pipeline.broker.stop))
+    if server is not None:
+        steps.append(("the metrics endpoint's close", server.stop))
+    pending = []
+    for i, (name, close) in enumerate(steps):
+        share = max(_MIN_CLOSE_SECONDS, (ends - time.monotonic()) / (len(steps) - i))
+        try:
+            async with asyncio.timeout(share):
+                await close()
+        except TimeoutError:
+            pending.append(name)
+        except Exception as e:  # a client that failed to start may fail to stop
+            log.info("close_failed", step=name, error=repr(e))
+    for rule in pipeline.rules:
+        rule.close()
+    return pending
+
+
+_MIN_CLOSE_SECONDS = 0.2

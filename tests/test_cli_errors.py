@@ -61,7 +61,8 @@ def test_an_empty_array_file_is_named(capsys, tmp_path, model):
 def test_an_unreachable_broker_is_an_error_not_a_traceback(tmp_path):
     config = tmp_path / "vigil.toml"
     config.write_text(
-        '[kafka]\nbootstrap_servers = "127.0.0.1:1"\n[metrics]\nenabled = false\n'
+        '[kafka]\nbootstrap_servers = "127.0.0.1:1"\nstartup_timeout_seconds = 2\n'
+        "[metrics]\nenabled = false\n"
         f'[state]\ndir = "{tmp_path / "state"}"\n'
         '[[rules]]\nname = "r"\nkind = "ior"\ntopic = "t"\neps = 0.1\n'
     )
@@ -73,7 +74,9 @@ def test_an_unreachable_broker_is_an_error_not_a_traceback(tmp_path):
         timeout=60,
     )
     assert result.returncode == 1, result.stderr
-    assert "cannot reach the Kafka broker at 127.0.0.1:1" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("vigil run: error: cannot reach the Kafka broker at 127.0.0.1:1")
+    assert last.endswith("(retried for 2 s: [kafka] startup_timeout_seconds)")
     assert "Traceback" not in result.stderr and "Unclosed" not in result.stderr
 
 

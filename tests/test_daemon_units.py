@@ -813,9 +813,11 @@ def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
     async def first_run():
         pipeline, source, _ = _pipeline(values, store, sink, every=1)
         await source.start(pipeline.on_assign, pipeline.on_revoke)
+        running = asyncio.ensure_future(pipeline.run(asyncio.Event(), until_idle=True))
         with pytest.raises(ConnectionError):
-            await pipeline.run(asyncio.Event(), until_idle=True)
-        await _shutdown(pipeline, None, 1.0)
+            await running
+        pending = await _shutdown(pipeline, running, time.monotonic() + 1.0, 1.0)
+        assert pending == ["a failed delivery (its records are read again after the restart)"]
         return source.commits
 
     commits = asyncio.run(first_run())

@@ -7,6 +7,11 @@
 #   ops/kafka/dev-kafka.sh stop     # SIGTERM, then SIGKILL after a grace period
 #   ops/kafka/dev-kafka.sh status   # exit 0 if running, 3 if stopped
 #
+# Outages for tests (the broker keeps its data, listeners and credentials):
+#   ops/kafka/dev-kafka.sh pause    # SIGSTOP: connections stay open, nothing answers
+#   ops/kafka/dev-kafka.sh resume   # SIGCONT
+#   ops/kafka/dev-kafka.sh restart  # stop, then start again on the same data
+#
 # Environment:
 #   KAFKA_PORT             client (PLAINTEXT) port            default 9092
 #   KAFKA_CONTROLLER_PORT  KRaft controller port              default 9093
@@ -57,7 +62,7 @@ log() { printf 'dev-kafka: %s\n' "$*" >&2; }
 die() { printf 'dev-kafka: error: %s\n' "$*" >&2; exit 1; }
 
 usage() {
-    echo "usage: $(basename "$0") start|stop|status" >&2
+    echo "usage: $(basename "$0") start|stop|status|pause|resume|restart" >&2
     exit 2
 }
 
@@ -225,6 +230,7 @@ tail_log() {
 terminate() {
     local pids=("$@") pid waited=0
     for pid in "${pids[@]}"; do
+        kill -CONT "$pid" 2>/dev/null || true  # a paused broker cannot handle SIGTERM
         kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     done
     while (( waited < STOP_TIMEOUT * 5 )); do
@@ -434,6 +440,16 @@ cmd_start() {
         die "formatting the KRaft storage in $RUN_DIR/data failed"
     fi
 
+    launch_broker
+    log "Apache Kafka $KAFKA_VERSION ready on $HOST:$KAFKA_PORT (controller $HOST:$KAFKA_CONTROLLER_PORT, pid $STARTING_PID, run dir $RUN_DIR) in $((SECONDS - t0))s"
+    log "secured listeners: SASL_SSL $HOST:$KAFKA_SASL_SSL_PORT, mutual TLS $HOST:$KAFKA_SSL_PORT (credentials: $SECURITY_JSON)"
+    # The one line on stdout (logs go to stderr): callers such as `make test` stop the
+    # broker afterwards only if this call started it.
+    echo "started"
+}
+
+# Starts the broker of the prepared run dir and waits until it answers requests.
+launch_broker() {
     local -a jvm_opts
     read -r -a jvm_opts <<<"$KAFKA_HEAP_OPTS"
     # setsid: own session and process group, detached from the caller's
@@ -445,7 +461,7 @@ cmd_start() {
         -Djava.awt.headless=true \
         -Dlog4j2.configurationFile="$LOG4J_CONFIG" \
         -cp "$LIB_DIR/*" kafka.Kafka "$SERVER_PROPERTIES" \
-        </dev/null >"$BROKER_LOG" 2>&1 &
+        </dev/null >>"$BROKER_LOG" 2>&1 &
 
     local waited=0
     while [[ ! -s "$PID_FILE" ]] && (( waited < 50 )); do
@@ -467,12 +483,39 @@ cmd_start() {
         sleep 0.5
     done
     trap - INT TERM
+}
 
-    log "Apache Kafka $KAFKA_VERSION ready on $HOST:$KAFKA_PORT (controller $HOST:$KAFKA_CONTROLLER_PORT, pid $STARTING_PID, run dir $RUN_DIR) in $((SECONDS - t0))s"
-    log "secured listeners: SASL_SSL $HOST:$KAFKA_SASL_SSL_PORT, mutual TLS $HOST:$KAFKA_SSL_PORT (credentials: $SECURITY_JSON)"
-    # The one line on stdout (logs go to stderr): callers such as `make test` stop the
-    # broker afterwards only if this call started it.
-    echo "started"
+# The pids of the running broker, or exit 1 naming what is missing.
+require_running() {
+    local pids
+    pids="$(running_pids)"
+    [[ -n "$pids" ]] || die "no broker running ($HOST:$KAFKA_PORT, run dir $RUN_DIR)"
+    printf '%s\n' "$pids"
+}
+
+cmd_pause() {
+    local pid
+    for pid in $(require_running); do kill -STOP "$pid"; done
+    log "paused (SIGSTOP) the broker on $HOST:$KAFKA_PORT"
+}
+
+cmd_resume() {
+    local pid
+    for pid in $(require_running); do kill -CONT "$pid"; done
+    log "resumed (SIGCONT) the broker on $HOST:$KAFKA_PORT"
+}
+
+# Stops the broker (if running) and starts it again on the same run dir: data,
+# listeners and credentials unchanged, as a broker host coming back.
+cmd_restart() {
+    [[ -f "$SERVER_PROPERTIES" && -f "$RUN_DIR/$RUN_MARKER" ]] \
+        || die "no run dir to restart in $RUN_DIR; use start"
+    cmd_stop
+    local t0=$SECONDS
+    find_java
+    prepare_cache
+    launch_broker
+    log "Apache Kafka $KAFKA_VERSION restarted on $HOST:$KAFKA_PORT (pid $STARTING_PID, same data) in $((SECONDS - t0))s"
 }
 
 main() {
@@ -493,6 +536,9 @@ main() {
         start) cmd_start ;;
         stop) cmd_stop ;;
         status) cmd_status ;;
+        pause) cmd_pause ;;
+        resume) cmd_resume ;;
+        restart) cmd_restart ;;
         *) usage ;;
     esac
 }
