@@ -390,6 +390,12 @@ async def _close(pipeline: Pipeline, server: OpsServer | None, ends: float) -> l
                 await close()
         except TimeoutError:
             pending.append(name)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # the client awaited a task of its own it had cancelled (a fetch in its retry
+            # wait): it is closed all the same
         except Exception as e:  # a client that failed to start may fail to stop
             log.info("close_failed", step=name, error=repr(e))
     for rule in pipeline.rules:

@@ -211,8 +211,9 @@ backend = "auto"
         worker.start()
         worker.join()
 
-    def start(self) -> None:
-        self.create_topics()
+    def start(self, create_topics: bool = True) -> None:
+        if create_topics:
+            self.create_topics()
         config = self.write_config()
         self.log = open(self.workdir / "daemon.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -239,6 +240,9 @@ backend = "auto"
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
             self.log.close()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def log_text(self) -> str:
         return (self.workdir / "daemon.log").read_text(errors="replace")

@@ -652,7 +652,10 @@ def _walk(ctx: Ctx, walk: Walk) -> Results:
             results[step] = (False, f"{e} [as: {actual}]")
     if daemon is not None:
         try:
-            results[run_step] = (True, _settle(ctx, walk, results, daemon, alerts_topic, subs))
+            results[run_step] = (
+                True,
+                _settle(ctx, walk, results, daemon, alerts_topic, subs, log),
+            )
         except (AssertionError, subprocess.TimeoutExpired) as e:
             results[run_step] = (False, f"{e}\ndaemon log:\n{_tail(log)}")
         finally:
@@ -686,9 +689,11 @@ def _settle(
     daemon: subprocess.Popen,
     topic: str,
     subs: list[tuple[str, str]],
+    log: Path,
 ) -> str:
     """The daemon's part: the alerts ops/README counts arrive (committed, once each, valid
-    against connectors/schemas/alert.json), then the daemon stops cleanly on the doc's signal."""
+    against connectors/schemas/alert.json), then the daemon stops cleanly on the doc's signal,
+    having logged nothing at level error (a healthy run's start-up included)."""
     import jsonschema
 
     expected = _expected_alerts()
@@ -705,9 +710,12 @@ def _settle(
         results[KCAT] = _kcat(ctx, subs, len(alerts))
     code = _stop(daemon, walk.stop)
     assert code == 0, f"exit {code} after {walk.stop.name}"
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+    errors = [line for line in plain.splitlines() if re.match(r"\S+ \[(error|critical)", line)]
+    assert not errors, "error-level lines in a healthy run:\n" + "\n".join(errors)
     return (
         f"alerts read with read_committed: {by_rule} as ops/README.md says, none twice, all "
-        f"valid against alert.json; {walk.stop.name}: exit 0"
+        f"valid against alert.json; {walk.stop.name}: exit 0; no error-level line"
     )
 
 
