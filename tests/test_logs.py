@@ -133,3 +133,61 @@ def test_python_warnings_become_json_records():
     assert "a deprecated option" in lines[0]["event"]
     assert lines[2]["event"] == "Topic decisions not found"
     assert lines[3]["event"] == "stopped"
+
+
+def _record(name: str, level: int, msg: str, *args: object) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+
+def test_client_repeats_are_written_once_per_interval_with_the_count_held_back(monkeypatch):
+    from vigil.daemon import logs
+
+    now = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: now[0])
+    f = logs.ClientLogFilter(interval=60)
+    first = _record("aiokafka", logging.ERROR, "Unable connect to node with id %s", 1)
+    assert f.filter(first)
+    held = [
+        f.filter(_record("aiokafka", logging.ERROR, "Unable connect to node with id %s", n))
+        for n in range(5)
+    ]
+    assert held == [False] * 5
+    other = _record("aiokafka", logging.ERROR, "Unable to update metadata from %s", [1])
+    assert f.filter(other), "another kind is not held back by the first"
+    assert f.filter(_record("vigil", logging.ERROR, "x")), "only the client's records are held"
+    now[0] += 61
+    again = _record("aiokafka", logging.ERROR, "Unable connect to node with id %s", 2)
+    assert f.filter(again)
+    assert (
+        again.getMessage() == "Unable connect to node with id 2 (5 more like it in the last 61 s)"
+    )
+
+
+def test_client_errors_are_counted_not_written_while_the_broker_is_away():
+    from vigil.daemon.logs import ClientLogFilter
+
+    f = ClientLogFilter()
+    f.quiet = True
+    assert not any(
+        f.filter(_record("aiokafka.consumer.fetcher", logging.ERROR, "Failed fetch %d", i))
+        for i in range(7)
+    )
+    assert f.take_suppressed() == 7 and f.take_suppressed() == 0
+    f.quiet = False
+    assert f.filter(_record("aiokafka.consumer.fetcher", logging.ERROR, "Failed fetch %d", 8))
+
+
+@pytest.mark.parametrize(
+    ("msg", "level"),
+    [
+        ("Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError", "DEBUG"),
+        ("Topic vigil.alerts not found in cluster metadata", "INFO"),
+    ],
+)
+def test_a_healthy_start_up_is_not_an_error(msg, level):
+    from vigil.daemon.logs import ClientLogFilter
+
+    f = ClientLogFilter()
+    record = _record("aiokafka.cluster", logging.ERROR, msg)
+    assert f.filter(record) is (level == "INFO")  # debug is below the info threshold
+    assert record.levelname == level

@@ -1,0 +1,57 @@
+"""The broker watch's story of an outage, from probe results (the real probe against a
+real broker is exercised by tests/test_broker_outage.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from structlog.testing import capture_logs
+
+from tests.daemon_harness import metric_samples
+from vigil.daemon.broker import BrokerWatch
+from vigil.daemon.logs import CLIENT_LOGS
+from vigil.daemon.metrics import Metrics
+
+
+class _Probe:
+    async def answers(self, timeout: float) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+def _value(metrics: Metrics, name: str) -> float:
+    body = metrics.render().decode()
+    return next(s.value for s in metric_samples(body) if s.name == name)
+
+
+def test_an_outage_is_one_warning_one_info_line_and_counted(monkeypatch):
+    from vigil.daemon import broker as module
+
+    now = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    metrics = Metrics()
+
+    async def story() -> tuple[list[dict], BrokerWatch]:
+        watch = BrokerWatch(_Probe(), metrics, "b:9092")
+        with capture_logs() as logs:
+            watch.observe(True)  # the first answer: nothing to tell
+            assert watch.up and watch.answered and _value(metrics, "vigil_broker_up") == 1
+            for _ in range(3):
+                now[0] += 1
+                watch.observe(False)
+                CLIENT_LOGS.filter(logging.LogRecord("aiokafka", 40, "", 1, "x", None, None))
+            assert watch.unreachable_for() == 2 and _value(metrics, "vigil_broker_up") == 0
+            now[0] += 5
+            watch.observe(True)
+            now[0] += 5
+            watch.observe(True)
+        return logs, watch
+
+    logs, watch = asyncio.run(story())
+    assert [e["event"] for e in logs] == ["broker_unreachable", "broker_reachable"]
+    assert logs[1]["outage_seconds"] == 7.0 and logs[1]["client_lines_suppressed"] == 3
+    assert _value(metrics, "vigil_broker_unreachable_seconds_total") == 7.0
+    assert watch.unreachable_for() == 0 and watch.outages == 1 and not CLIENT_LOGS.quiet
