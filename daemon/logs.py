@@ -40,7 +40,7 @@ class ClientLogFilter(logging.Filter):
         self.threshold = logging.INFO
         self.quiet = False
         self._suppressed = 0
-        self._kinds: dict[tuple[str, object], tuple[float, int]] = {}  # last written, held
+        self._kinds: dict[tuple[str, str], tuple[float, int]] = {}  # last written, held
 
     def take_suppressed(self) -> int:
         """Records held back while quiet since the last call."""
@@ -59,7 +59,7 @@ class ClientLogFilter(logging.Filter):
         if self.quiet and record.levelno >= logging.WARNING:
             self._suppressed += 1
             return False
-        kind = (record.name, record.msg)
+        kind = (record.name, str(record.msg))
         now = time.monotonic()
         last, held = self._kinds.get(kind, (-self.interval, 0))
         if now - last < self.interval:

@@ -310,7 +310,7 @@ class Pipeline:
                     for tp in tps:
                         await self._recover(tp)
             except Exception as e:
-                if not broker_gone(e):
+                if not (broker_gone(e) or isinstance(e, BrokerUnavailable)):
                     raise
                 log.info("resume_waiting_for_broker", error=repr(e))
                 await asyncio.sleep(_RETRY_SECONDS)

@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 
 import structlog
@@ -163,10 +163,18 @@ async def run_daemon(
     pipeline = build_pipeline(config, metrics)
     stop = stop or asyncio.Event()
     deadline = config.shutdown.deadline_seconds
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(ValueError):  # not the main thread: the caller stops it
-            signal.signal(sig, partial(_stop_within, loop, stop, deadline))
+    with _stop_on_signals(asyncio.get_running_loop(), stop, deadline):
+        return await _run(pipeline, config, stop, until_idle, allocator_tuned)
+
+
+async def _run(
+    pipeline: Pipeline,
+    config: Config,
+    stop: asyncio.Event,
+    until_idle: bool,
+    allocator_tuned: bool,
+) -> Pipeline:
+    metrics, deadline = pipeline.metrics, config.shutdown.deadline_seconds
     server = None
     if config.metrics.enabled:
         grace = config.metrics.ready_broker_grace_seconds
@@ -215,6 +223,23 @@ def _ready(pipeline: Pipeline, grace: float) -> bool:
     """Partitions recovered, and the broker not away longer than ``grace`` seconds."""
     broker = pipeline.broker
     return pipeline.ready() and (broker is None or broker.unreachable_for() <= grace)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, deadline: float
+) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` while the daemon runs (in the main thread; elsewhere
+    the caller stops it); the previous handlers are put back after."""
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError):
+            previous[sig] = signal.signal(sig, partial(_stop_within, loop, stop, deadline))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _stop_within(
