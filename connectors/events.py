@@ -31,6 +31,14 @@ class Record:
     offset: int
     value: bytes | None
     key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name`` (Kafka allows repeats), or None."""
+        for key, value in reversed(self.headers):
+            if key == name:
+                return value
+        return None
 
     @property
     def source(self) -> dict[str, Any]:

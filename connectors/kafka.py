@@ -168,7 +168,7 @@ class KafkaSource:
             for tp, messages in fresh.items():
                 batches[tp] = batches.get(tp, []) + messages
         return [
-            Record(m.topic, m.partition, m.offset, m.value, m.key)
+            Record(m.topic, m.partition, m.offset, m.value, m.key, m.headers)
             for tp in sorted(batches, key=lambda t: (t.topic, t.partition))
             for m in batches[tp]
         ]

@@ -1,0 +1,25 @@
+"""One side of an inference, as read from a serving stack's record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vigil.connectors.serving.tensors import Tensor
+
+Role = Literal["request", "response"]
+
+
+@dataclass(frozen=True)
+class Inference:
+    """A request's inputs or a response's outputs. ``join_key`` pairs a request with its
+    response (the two records carry the same one); ``request_id`` names the decisions
+    (``<request_id>/<row>``); ``error`` is the serving stack's error text when the
+    inference failed (then there are no tensors)."""
+
+    join_key: str
+    request_id: str
+    role: Role
+    model: str
+    tensors: list[Tensor]
+    error: str | None = None

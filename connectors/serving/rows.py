@@ -1,0 +1,124 @@
+"""A request's and its response's tensors as decision rows: the inputs as an ``(n, d)``
+matrix, the outputs as ``n`` labels or an ``(n, k)`` matrix of probabilities.
+
+Which tensors are read is the rule's choice (``TensorSelection``): one input tensor (by
+name, or the first), or one ``[n, 1]`` tensor per named feature in the rule's order (as
+MLServer's pandas codec sends a DataFrame). A BYTES tensor is categorical: its values,
+listed in the rule's ``categories``, are one-hot encoded in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vigil.connectors.events import BadEvent
+from vigil.connectors.serving.tensors import Tensor
+
+INTEGER_TYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")
+
+
+@dataclass(frozen=True)
+class TensorSelection:
+    """Which tensors make a decision's input and output, and how strings are encoded."""
+
+    input_tensor: str | None = None
+    output_tensor: str | None = None
+    features: tuple[str, ...] | None = None
+    categories: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def width(self, tensor: str) -> int | None:
+        """Columns a categorical tensor takes (None: not categorical)."""
+        values = self.categories.get(tensor)
+        return None if values is None else len(values)
+
+
+def input_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndarray:
+    """The decisions' inputs, one float64 row per request row."""
+    if selection.features is not None:
+        chosen = [_named(tensors, name, "input") for name in selection.features]
+    else:
+        chosen = [_pick(tensors, selection.input_tensor, "input")]
+    rows = {t.rows for t in chosen}
+    if len(rows) > 1:
+        sizes = ", ".join(f"{t.name!r}: {t.rows}" for t in chosen)
+        raise BadEvent("schema", f"input tensors disagree on the number of rows ({sizes})")
+    return np.hstack([_columns(t, selection) for t in chosen])
+
+
+def output_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndarray:
+    """The decisions' outputs: int64 labels (an integer or categorical tensor of one column)
+    or float64 probability rows (a floating tensor)."""
+    tensor = _pick(tensors, selection.output_tensor, "output")
+    data = tensor.data.reshape(tensor.rows, -1)
+    if tensor.datatype == "BYTES":
+        if data.shape[1] != 1:
+            raise BadEvent("schema", f"output tensor {tensor.name!r}: one string per row")
+        return _one_hot(tensor, data[:, 0], selection).argmax(axis=1)
+    if tensor.datatype in INTEGER_TYPES:
+        if data.shape[1] != 1:
+            raise BadEvent(
+                "schema", f"output tensor {tensor.name!r}: one label per row, not {data.shape[1]}"
+            )
+        return data[:, 0].astype(np.int64)
+    return data.astype(np.float64)
+
+
+def _pick(tensors: Sequence[Tensor], name: str | None, kind: str) -> Tensor:
+    if name is not None:
+        return _named(tensors, name, kind)
+    if not tensors:
+        raise BadEvent("schema", f"no {kind} tensor")
+    return tensors[0]
+
+
+def _named(tensors: Sequence[Tensor], name: str, kind: str) -> Tensor:
+    for t in tensors:
+        if t.name == name:
+            return t
+    present = ", ".join(repr(t.name) for t in tensors) or "none"
+    raise BadEvent("schema", f"no {kind} tensor {name!r} (tensors: {present})")
+
+
+def _columns(tensor: Tensor, selection: TensorSelection) -> np.ndarray:
+    data = tensor.data.reshape(tensor.rows, -1)
+    if tensor.datatype != "BYTES":
+        return data.astype(np.float64)
+    if data.shape[1] != 1:
+        raise BadEvent("schema", f"tensor {tensor.name!r}: one string per row, not {data.shape[1]}")
+    return _one_hot(tensor, data[:, 0], selection)
+
+
+def _one_hot(tensor: Tensor, values: np.ndarray, selection: TensorSelection) -> np.ndarray:
+    categories = selection.categories.get(tensor.name)
+    if categories is None:
+        raise BadEvent(
+            "category",
+            f"tensor {tensor.name!r} holds strings: list its values in the rule's categories",
+        )
+    index = {c.encode(): i for i, c in enumerate(categories)}
+    out = np.zeros((len(values), len(categories)))
+    for row, value in enumerate(values):
+        column = index.get(value)
+        if column is None:
+            shown = value.decode(errors="replace")
+            raise BadEvent(
+                "category",
+                f"tensor {tensor.name!r}: value {shown!r} is not among its categories",
+            )
+        out[row, column] = 1.0
+    return out
+
+
+def decision_rows(
+    inputs: Sequence[Tensor], outputs: Sequence[Tensor], selection: TensorSelection
+) -> tuple[np.ndarray, np.ndarray]:
+    """A request's inputs and its response's outputs, row by row: ``n`` decisions."""
+    x, y = input_rows(inputs, selection), output_rows(outputs, selection)
+    if len(x) != len(y):
+        raise BadEvent(
+            "schema", f"the response has {len(y)} rows for a request of {len(x)}: cannot pair them"
+        )
+    return x, y

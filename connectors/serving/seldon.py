@@ -1,0 +1,120 @@
+"""Seldon Core 2's Kafka traffic: topic names, record keys, headers, Confluent framing, and
+the Open Inference Protocol values (protobuf, or JSON) of its input and output topics.
+
+A model's requests go to ``<prefix>.<namespace>.model.<model>.inputs`` and its responses
+to ``.outputs`` (pipelines: ``.pipeline.<name>.``); a response carries its request's
+record key, ``<partition>.<resource>.<requestId>`` (Seldon Core 2.10 and later) or
+``<resource>.<requestId>`` (before), and goes to the same partition number (2.10 and
+later). A failed inference is a text value with the header ``seldon-pipeline-errors``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import orjson
+from google.protobuf.message import DecodeError
+
+from vigil.connectors.events import BadEvent, Record
+from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
+from vigil.connectors.serving.message import Inference, Role
+from vigil.connectors.serving.tensors import from_json, request_tensors, response_tensors
+
+ERROR_HEADER = "seldon-pipeline-errors"
+TYPE_HEADER = "seldon-infer-type"
+REQUEST_ID_HEADER = "x-request-id"
+_RESPONSE_TYPES = (b"proto/InferModelResponse", b"json/inferModelResponse")
+
+Kind = Literal["model", "pipeline"]
+
+
+def topics(prefix: str, namespace: str, kind: Kind, name: str) -> tuple[str, str]:
+    """The inputs and outputs topics of a model or pipeline (an empty namespace is
+    Seldon's ``default``)."""
+    base = f"{prefix}.{namespace or 'default'}.{kind}.{name}"
+    return f"{base}.inputs", f"{base}.outputs"
+
+
+def role_of(topic: str) -> Role:
+    """Requests on ``.inputs`` topics, responses on ``.outputs`` topics."""
+    if topic.endswith(".inputs"):
+        return "request"
+    if topic.endswith(".outputs"):
+        return "response"
+    raise ValueError(f"{topic}: not a Seldon inputs or outputs topic")
+
+
+def request_id(key: str) -> str:
+    """The request id a record key ends with (``<partition>.<resource>.<id>`` or
+    ``<resource>.<id>``; resource names may hold dots, ids do not)."""
+    return key.rpartition(".")[2]
+
+
+def unframe(value: bytes) -> bytes:
+    """The protobuf bytes of a value with Confluent schema-registry framing (magic byte 0,
+    a 4-byte schema id, the message indexes as zigzag varints: a single 0 for the first
+    message), or the value itself (a protobuf message never starts with a 0 byte)."""
+    if not value or value[0] != 0:
+        return value
+    if len(value) < 6:
+        raise BadEvent("undecodable", f"a framed value of {len(value)} bytes has no message")
+    at = 5
+    count, at = _zigzag(value, at)
+    for _ in range(count):  # a count of 0 stands for the index list [0]
+        _, at = _zigzag(value, at)
+    return value[at:]
+
+
+def _zigzag(data: bytes, at: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if at >= len(data):
+            raise BadEvent("undecodable", "the schema-registry framing ends inside a varint")
+        byte = data[at]
+        at += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), at
+        shift += 7
+
+
+def decode(record: Record, model: str) -> Inference:
+    """The request or response in ``record`` (which by its topic, unless its
+    ``seldon-infer-type`` header says it holds a response), for ``model``."""
+    key = record.key.decode(errors="replace") if record.key else None
+    if key is None:
+        header = record.header(REQUEST_ID_HEADER)
+        if header is None:
+            raise BadEvent("schema", "no record key and no x-request-id header: cannot pair it")
+        key = header.decode(errors="replace")
+    role = role_of(record.topic)
+    value = record.value or b""
+    error = record.header(ERROR_HEADER)
+    if error is not None:
+        text = value.decode(errors="replace")
+        return Inference(key, request_id(key), "response", model, [], text or "error")
+    if record.header(TYPE_HEADER) in _RESPONSE_TYPES:
+        role = "response"
+    if value.lstrip()[:1] == b"{":
+        return Inference(key, request_id(key), role, model, _json_tensors(value, role))
+    payload = unframe(value)
+    try:
+        if role == "request":
+            tensors = request_tensors(pb.ModelInferRequest.FromString(payload))
+        else:
+            tensors = response_tensors(pb.ModelInferResponse.FromString(payload))
+    except DecodeError as e:
+        raise BadEvent("undecodable", f"not an OIP {role} (protobuf): {e}") from e
+    return Inference(key, request_id(key), role, model, tensors)
+
+
+def _json_tensors(value: bytes, role: Role) -> list:
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise BadEvent("undecodable", f"not JSON: {e}") from e
+    field = "inputs" if role == "request" else "outputs"
+    tensors = body.get(field) if isinstance(body, dict) else None
+    if not isinstance(tensors, list):
+        raise BadEvent("schema", f"an OIP JSON {role} needs an {field!r} list")
+    return [from_json(t) for t in tensors]
