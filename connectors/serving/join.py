@@ -1,0 +1,141 @@
+"""Requests waiting for their responses (and responses for their requests) of one partition,
+in stream order: the state of the join that turns a serving stack's traffic into decisions.
+
+Time is stream time, the largest record timestamp seen, so a replay of the same records
+pairs and expires exactly as the first pass did. An entry expires (it is reported, never
+dropped silently) once stream time has passed its timestamp by ``timeout_ms`` (checked
+from the oldest arrival on: one that arrived behind a younger entry waits for it), when
+the buffer holds ``limit`` entries and a new one arrives (the oldest goes), or when a
+second record of the same side and key arrives (the earlier one goes).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from vigil.connectors.events import Record
+from vigil.connectors.serving.message import Inference, Role
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One side of an inference and the record it came from (snapshots keep the record)."""
+
+    inference: Inference
+    record: Record
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
+class Expired:
+    waiting: Waiting
+    why: str  # "timeout", "limit" or "superseded"
+
+
+class Join:
+    """The waiting side of each unpaired inference, oldest first."""
+
+    def __init__(self, timeout_ms: int, limit: int) -> None:
+        self.timeout_ms, self.limit = timeout_ms, limit
+        self.stream_time = -1
+        self._waiting: dict[tuple[str, Role], Waiting] = {}  # insertion order is arrival order
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def waiting(self) -> list[Waiting]:
+        return list(self._waiting.values())
+
+    def add(
+        self, inference: Inference, record: Record, timestamp_ms: int
+    ) -> tuple[tuple[Waiting, Waiting] | None, list[Expired]]:
+        """Take one side: the (request, response) pair it completes, if any, and the entries
+        this arrival expired."""
+        self.stream_time = max(self.stream_time, timestamp_ms)
+        expired = self._expire()
+        arrived = Waiting(inference, record, timestamp_ms)
+        other: Role = "response" if inference.role == "request" else "request"
+        partner = self._waiting.pop((inference.join_key, other), None)
+        if partner is not None:
+            pair = (partner, arrived) if other == "request" else (arrived, partner)
+            return pair, expired
+        earlier = self._waiting.pop((inference.join_key, inference.role), None)
+        if earlier is not None:
+            expired.append(Expired(earlier, "superseded"))
+        self._waiting[(inference.join_key, inference.role)] = arrived
+        while len(self._waiting) > self.limit:
+            oldest = next(iter(self._waiting))
+            expired.append(Expired(self._waiting.pop(oldest), "limit"))
+        return None, expired
+
+    def _expire(self) -> list[Expired]:
+        """Oldest arrivals first, up to the first that is still in time (timestamps come
+        nearly in order; one behind a younger arrival waits for it)."""
+        cutoff = self.stream_time - self.timeout_ms
+        out = []
+        while self._waiting:
+            key, oldest = next(iter(self._waiting.items()))
+            if oldest.timestamp_ms >= cutoff:
+                break
+            out.append(Expired(self._waiting.pop(key), "timeout"))
+        return out
+
+    def snapshot(self) -> bytes:
+        """The waiting records and the stream time, as bytes."""
+        return orjson.dumps(
+            {
+                "stream_time": self.stream_time,
+                "waiting": [_record_json(w.record, w.timestamp_ms) for w in self._waiting.values()],
+            }
+        )
+
+    @classmethod
+    def restore(
+        cls,
+        blob: bytes,
+        decode: Callable[[Record], Inference],
+        timeout_ms: int,
+        limit: int,
+    ) -> Join:
+        """A join from ``snapshot``'s bytes; ``decode`` reads each waiting record again."""
+        state = orjson.loads(blob)
+        join = cls(timeout_ms, limit)
+        join.stream_time = state["stream_time"]
+        for item in state["waiting"]:
+            record, timestamp = _record_of(item)
+            inference = decode(record)
+            join._waiting[(inference.join_key, inference.role)] = Waiting(
+                inference, record, timestamp
+            )
+        return join
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def _record_json(record: Record, timestamp_ms: int) -> list:
+    headers = [[name, _b64(value)] for name, value in record.headers]
+    return [
+        record.topic,
+        record.partition,
+        record.offset,
+        timestamp_ms,
+        _b64(record.key),
+        _b64(record.value),
+        headers,
+    ]
+
+
+def _record_of(item: list) -> tuple[Record, int]:
+    topic, partition, offset, timestamp, key, value, headers = item
+    pairs = tuple((name, _bytes(v) or b"") for name, v in headers)
+    return Record(topic, partition, offset, _bytes(value), _bytes(key), pairs), timestamp
