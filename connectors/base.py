@@ -17,9 +17,14 @@ AssignCallback = Callable[[list[TopicPartition]], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class OutMessage:
+    """One message to produce; ``headers`` and ``timestamp_ms`` (the record's time, None
+    for now) pass a record on to an internal topic as it came."""
+
     topic: str
     key: bytes | None
     value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None
 
 
 class Source(Protocol):

@@ -32,6 +32,7 @@ class Record:
     value: bytes | None
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
 
     def header(self, name: str) -> bytes | None:
         """The last value of header ``name`` (Kafka allows repeats), or None."""

@@ -7,6 +7,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
     InvalidProducerEpoch,
@@ -14,6 +15,8 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     ProducerFenced,
+    TopicAlreadyExistsError,
+    for_code,
 )
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.protocol.metadata import MetadataRequest
@@ -168,7 +171,7 @@ class KafkaSource:
             for tp, messages in fresh.items():
                 batches[tp] = batches.get(tp, []) + messages
         return [
-            Record(m.topic, m.partition, m.offset, m.value, m.key, m.headers)
+            Record(m.topic, m.partition, m.offset, m.value, m.key, m.headers, m.timestamp)
             for tp in sorted(batches, key=lambda t: (t.topic, t.partition))
             for m in batches[tp]
         ]
@@ -307,7 +310,21 @@ class KafkaSink:
                 )
 
     async def _send_all(self, messages: list[OutMessage]) -> None:
-        futures = [await self._producer.send(m.topic, m.value, key=m.key) for m in messages]
+        send = self._producer.send
+        futures = [
+            await (
+                send(m.topic, m.value, key=m.key)
+                if not m.headers and m.timestamp_ms is None
+                else send(
+                    m.topic,
+                    m.value,
+                    key=m.key,
+                    headers=list(m.headers),
+                    timestamp_ms=m.timestamp_ms,
+                )
+            )
+            for m in messages
+        ]
         if futures:
             await asyncio.gather(*futures)
 
@@ -394,3 +411,44 @@ async def _drain(
             raise BrokerUnavailable(f"{where}: no records for {idle:.0f} s before the end offsets")
         positions.update(moved)
     return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+async def ensure_topics(
+    servers: str, wanted: dict[str, list[str]], security: KafkaSecurity = PLAINTEXT
+) -> dict[str, int]:
+    """Create each topic of ``wanted`` that does not exist, with as many partitions as the
+    largest of the topics it is derived from (1 if none exists yet) and up to 3 replicas;
+    the partition count of every wanted topic. Raises ``ValueError`` when the broker
+    refuses to create one."""
+    admin = AIOKafkaAdminClient(**security.client_options(), bootstrap_servers=servers)
+    try:
+        await admin.start()
+    except KafkaConnectionError:
+        await admin.close()
+        raise await diagnose(servers, security) from None
+    try:
+        counts = await partition_counts(admin)  # all topics: naming one may create it
+        missing = [t for t in wanted if t not in counts]
+        if missing:
+            replicas = min(3, len((await admin.describe_cluster())["brokers"]))
+            new = [
+                NewTopic(t, max([1, *(counts.get(s, 0) for s in wanted[t])]), replicas)
+                for t in missing
+            ]
+            response = await admin.create_topics(new)
+            for topic, code, message in response.topic_errors:
+                if code and code != TopicAlreadyExistsError.errno:  # not another instance's
+                    raise ValueError(
+                        f"cannot create topic {topic!r}: {message or for_code(code).__name__}"
+                    )
+            while any(t not in counts for t in missing):  # metadata takes a moment to appear
+                await asyncio.sleep(0.1)
+                counts = await partition_counts(admin)
+        return {t: counts[t] for t in wanted}
+    finally:
+        await admin.close()
+
+
+async def partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:
+    """Every topic's number of partitions."""
+    return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics()}

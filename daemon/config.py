@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
@@ -27,6 +28,9 @@ from vigil.connectors.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity
 from vigil.daemon.offload import INSTALL_DASK, scheduler_address
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.reach.online import Accelerations
+
+TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+"""What a Kafka topic name may hold."""
 
 
 class ConfigError(ValueError):
@@ -332,6 +336,19 @@ class ShutdownConfig(_Section):
     deadline_seconds: Annotated[float, Field(gt=0)] = 30.0
 
 
+class SeldonConfig(_Section):
+    """Where Seldon Core 2 writes its traffic: ``<prefix>.<namespace>.model.<model>.inputs``."""
+
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$")] = "seldon"
+    namespace: Annotated[str, Field(min_length=1)] = "default"
+
+    def topics(self, rule: IorRuleConfig) -> tuple[str, str]:
+        """A seldon rule's inputs and outputs topics."""
+        assert rule.model is not None
+        base = f"{self.prefix}.{rule.seldon_namespace or self.namespace}.{rule.seldon_kind}"
+        return f"{base}.{rule.model}.inputs", f"{base}.{rule.model}.outputs"
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -340,8 +357,35 @@ class LoggingConfig(_Section):
 class IorRuleConfig(_Section):
     name: Annotated[str, Field(min_length=1)]
     kind: Literal["ior"]
-    topic: str
+    topic: str | None = Field(
+        default=None, description='the decisions topic (not with format = "seldon")'
+    )
     model: str | None = Field(default=None, description="only this model's decisions; all if unset")
+    format: Literal["vigil", "seldon", "kserve"] = Field(
+        default="vigil",
+        description="what the topic holds: Vigil decision events, Seldon Core 2 model or "
+        "pipeline traffic, or KServe inference-logger CloudEvents",
+    )
+    seldon_namespace: str | None = Field(
+        default=None, description="the model's namespace, if not [seldon] namespace"
+    )
+    seldon_kind: Literal["model", "pipeline"] = "model"
+    input_tensor: str | None = Field(
+        default=None, description="the input tensor a decision's x is read from (the first)"
+    )
+    output_tensor: str | None = Field(
+        default=None, description="the output tensor its label or probabilities are read from"
+    )
+    categories: dict[str, list[Annotated[str, Field(min_length=1)]]] = Field(
+        default={}, description="a string tensor's values, one-hot encoded in this order"
+    )
+    join_timeout_seconds: Annotated[float, Field(gt=0)] = Field(
+        default=300.0,
+        description="a request (or response) unpaired this long in stream time is a dead letter",
+    )
+    join_pending_limit: Annotated[int, Field(ge=1)] = Field(
+        default=100_000, description="unpaired requests and responses held per partition"
+    )
     metric: Literal["linf", "l2", "l1"] = "linf"
     eps: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     backend: str = "auto"
@@ -386,6 +430,7 @@ class IorRuleConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> IorRuleConfig:
         parse_backend(self.backend)
+        self._check_format()
         if self.output == "label" and self.delta:
             raise ValueError("delta applies to probability outputs only")
         if self.features is not None:
@@ -393,8 +438,8 @@ class IorRuleConfig(_Section):
                 raise ValueError("features and input = 'embedding' exclude each other")
             if not self.features or len(set(self.features)) != len(self.features):
                 raise ValueError("features must name distinct inputs")
-            if self.dim is not None and self.dim != len(self.features):
-                raise ValueError(f"dim is {self.dim}, features names {len(self.features)}")
+            if self.dim is not None and self.dim != self.input_dim:
+                raise ValueError(f"dim is {self.dim}, features make {self.input_dim} columns")
         if self.embedding_onnx is not None:
             if self.input == "embedding":
                 raise ValueError("embedding_onnx maps x or features; input = 'embedding' is one")
@@ -408,10 +453,47 @@ class IorRuleConfig(_Section):
                 raise ValueError(f"scale has {len(self.scale)} entries, dim is {dim}")
         return self
 
+    def _check_format(self) -> None:
+        serving = self.format != "vigil"
+        if serving and not TOPIC_NAME.match(self.name):
+            raise ValueError(
+                f"name {self.name!r}: a serving-stack rule's name is part of its topics' "
+                "names, so only letters, digits, '.', '_' and '-'"
+            )
+        if self.format == "seldon":
+            if self.topic is not None:
+                raise ValueError('format = "seldon" reads the model\'s topics: leave out topic')
+        elif self.topic is None:
+            raise ValueError(f'format = "{self.format}" needs topic')
+        if serving and self.model is None:
+            raise ValueError(f'format = "{self.format}" needs model (its traffic is read)')
+        if serving and self.input == "embedding":
+            raise ValueError("input = 'embedding' reads Vigil decision events only")
+        if not serving:
+            for key in (
+                "seldon_namespace",
+                "input_tensor",
+                "output_tensor",
+                "categories",
+                "join_timeout_seconds",
+                "join_pending_limit",
+            ):
+                if key in self.model_fields_set:
+                    raise ValueError(f"{key} applies to format seldon or kserve")
+        if self.format != "seldon" and (
+            "seldon_namespace" in self.model_fields_set or "seldon_kind" in self.model_fields_set
+        ):
+            raise ValueError('seldon_namespace and seldon_kind apply to format = "seldon"')
+        if serving and self.features is not None and self.input_tensor is not None:
+            raise ValueError("features (one tensor per column) and input_tensor exclude each other")
+
     @property
     def input_dim(self) -> int | None:
-        """The input length when the configuration fixes it (``dim``, or ``features``)."""
-        return len(self.features) if self.features is not None else self.dim
+        """The input length when the configuration fixes it (``dim``, or ``features``, each
+        categorical feature taking one column per category)."""
+        if self.features is None:
+            return self.dim
+        return sum(len(self.categories.get(f, [f])) for f in self.features)
 
 
 class ReachRuleConfig(_Section):
@@ -493,6 +575,7 @@ class Config(_Section):
     state: StateConfig = StateConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     logging: LoggingConfig = LoggingConfig()
+    seldon: SeldonConfig = SeldonConfig()
     rules: Annotated[list[RuleConfig], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -521,7 +604,16 @@ class Config(_Section):
                 "verifier keeps its state there between steps)"
             )
         if self.files is not None:
+            serving = [r.name for r in self.rules if getattr(r, "format", "vigil") != "vigil"]
+            if serving:
+                raise ValueError(f"rule {serving[0]!r}: formats seldon and kserve need [kafka]")
             self._check_files()
+        serving = any(getattr(r, "format", "vigil") != "vigil" for r in self.rules)
+        if serving and self.kafka is not None and not TOPIC_NAME.match(self.kafka.group_id):
+            raise ValueError(
+                f"group_id {self.kafka.group_id!r}: serving-stack rules name their topics "
+                "after it, so only letters, digits, '.', '_' and '-'"
+            )
         if self.state.store == "file" and self.state.topic is not None:
             raise ValueError('state.topic is only used with state.store = "kafka"')
         return self

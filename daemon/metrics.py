@@ -26,7 +26,11 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 # looks to them like one that never moved).
 DECISION_OUTCOMES = ("checked", "flagged", "replayed", "dead_letter")
 """``vigil_events`` outcomes of a rule that reads decisions (ior, reach, cfx)."""
-RULE_OUTCOMES: dict[str, tuple[str, ...]] = {"certify": ("checked", "dead_letter")}
+RULE_OUTCOMES: dict[str, tuple[str, ...]] = {
+    "certify": ("checked", "dead_letter"),
+    "serving-forward": ("checked", "dead_letter"),
+    "serving-join": ("checked", "dead_letter"),
+}
 """Outcomes of the rule kinds that read records of their own instead of decisions."""
 UNROUTED_OUTCOMES = ("unrouted", "dead_letter")
 """``vigil_events`` outcomes of rule "": decisions no rule matched, undecodable events."""
@@ -37,6 +41,9 @@ DEAD_LETTER_REASONS = (
     "dimension",
     "model",
     "invalid_request",
+    "category",
+    "unmatched",
+    "failed",
 )
 """Every ``reason`` of a dead letter (connectors/schemas/dead_letter.json)."""
 SNAPSHOT_OUTCOMES = ("written", "failed", "loaded", "skipped_corrupt", "ignored_stale")
@@ -176,6 +183,20 @@ class Metrics:
             registry=r,
         )
 
+        self.serving_waiting = Gauge(
+            "vigil_serving_waiting",
+            "Requests and responses of a serving-stack rule waiting for their other side, per "
+            "partition of its join topic.",
+            ["rule", "topic", "partition"],
+            registry=r,
+        )
+        self.serving_unmatched = Counter(
+            "vigil_serving_unmatched",
+            "Requests and responses that never met their other side (dead letters 'unmatched'), "
+            "by side and why: timeout, limit, superseded.",
+            ["rule", "side", "why"],
+            registry=r,
+        )
         self.delivery_recoveries = Counter(
             "vigil_delivery_recoveries",
             "Deliveries that failed because the broker did not answer, after which the "
@@ -240,6 +261,7 @@ class Metrics:
         for rule in rules:
             _remove(self.history_size, (rule, *labels))
             _remove(self.history_complete, (rule, *labels))
+            _remove(self.serving_waiting, (rule, *labels))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

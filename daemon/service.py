@@ -16,9 +16,11 @@ from functools import partial
 import structlog
 
 from vigil.connectors.files import JsonLinesSink, JsonLinesSource
-from vigil.connectors.kafka import BrokerProbe, KafkaSink, KafkaSource
+from vigil.connectors.kafka import BrokerProbe, KafkaSink, KafkaSource, ensure_topics
 from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable, diagnose
-from vigil.daemon.adapters import Rule, RuleContext, build_rule
+from vigil.daemon.adapters import Rule, RuleContext
+from vigil.daemon.adapters import build_rules as build_adapters
+from vigil.daemon.adapters.serving import serving_topics
 from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.collector import collect_between_batches
 from vigil.daemon.config import Config
@@ -71,7 +73,23 @@ def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
         out.dead_letter_topic,
         out.alerts_topic,
     )
-    return [build_rule(r, context) for r in config.rules]
+    group = config.kafka.group_id if config.kafka is not None else ""
+    return [rule for r in config.rules for rule in build_adapters(r, context, config.seldon, group)]
+
+
+def internal_topics(config: Config) -> dict[str, list[str]]:
+    """The topics Vigil creates for its serving-stack rules, each with the topics its
+    partition count follows."""
+    if config.kafka is None:
+        return {}
+    out: dict[str, list[str]] = {}
+    for rule in config.rules:
+        if getattr(rule, "format", "vigil") == "vigil":
+            continue
+        stages = serving_topics(rule, config.seldon, config.kafka.group_id)
+        out[stages.join] = sorted(stages.sources)
+        out[stages.decisions] = sorted(stages.sources)
+    return out
 
 
 def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
@@ -285,6 +303,12 @@ async def _start(pipeline: Pipeline, config: Config, stop: asyncio.Event) -> boo
     """Start the clients once the broker answers; false if stopped first."""
     if pipeline.broker is not None and not await _wait_for_broker(pipeline.broker, config, stop):
         return False
+    wanted = internal_topics(config)
+    if wanted:
+        assert config.kafka is not None
+        servers, security = config.kafka.bootstrap_servers, config.kafka.security()
+        if not await _first(ensure_topics(servers, wanted, security), stop):
+            return False
     for step in (
         pipeline.sink.start,
         pipeline.store.start,

@@ -16,7 +16,8 @@ from vigil.daemon.adapters.certify import CertifyRule
 from vigil.daemon.adapters.cfx import CfxRule
 from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
-from vigil.daemon.config import RuleConfig
+from vigil.daemon.adapters.serving import serving_rules
+from vigil.daemon.config import RuleConfig, SeldonConfig
 
 KINDS: dict[str, type[Rule]] = {
     rule.kind: rule for rule in (IorRule, ReachRule, CertifyRule, CfxRule)
@@ -24,9 +25,14 @@ KINDS: dict[str, type[Rule]] = {
 """Rule classes by the ``kind`` a ``[[rules]]`` entry names."""
 
 
-def build_rule(config: RuleConfig, context: RuleContext) -> Rule:
-    """The adapter for one configured rule (its models loaded and checked)."""
-    return KINDS[config.kind](config, context)
+def build_rules(
+    config: RuleConfig, context: RuleContext, seldon: SeldonConfig, group_id: str
+) -> list[Rule]:
+    """The adapters of one configured rule (its models loaded and checked): one, or the
+    three stages of a rule on a serving stack's traffic (daemon/adapters/serving.py)."""
+    if getattr(config, "format", "vigil") != "vigil":
+        return serving_rules(config, seldon, group_id, context)
+    return [KINDS[config.kind](config, context)]
 
 
 __all__ = [
@@ -41,5 +47,5 @@ __all__ = [
     "RuleResult",
     "StaleSnapshot",
     "StatePart",
-    "build_rule",
+    "build_rules",
 ]

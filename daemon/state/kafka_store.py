@@ -36,7 +36,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError, for_code
 
 from vigil.connectors.base import TopicPartition
-from vigil.connectors.kafka import PLAINTEXT, start_client
+from vigil.connectors.kafka import PLAINTEXT, partition_counts, start_client
 from vigil.connectors.kafka_security import KafkaSecurity, diagnose
 from vigil.daemon.adapters.base import StatePart
 from vigil.daemon.state.store import Snapshot
@@ -150,7 +150,7 @@ class KafkaStore:
             await admin.close()
             raise await diagnose(self.servers, self.security) from None
         try:
-            counts = await _partition_counts(admin)  # all topics: naming one may create it
+            counts = await partition_counts(admin)  # all topics: naming one may create it
             created = self.topic not in counts
             if created:
                 partitions = max([1, *(counts.get(t, 0) for t in self.source_topics)])
@@ -174,7 +174,7 @@ class KafkaStore:
                     )
                 while self.topic not in counts:  # its metadata takes a moment to appear
                     await asyncio.sleep(0.1)
-                    counts = await _partition_counts(admin)
+                    counts = await partition_counts(admin)
             self.partitions = counts[self.topic]
             configs = await _topic_configs(admin, self.topic)
         finally:
@@ -439,10 +439,6 @@ def _assemble(held: _Held, manifest: dict) -> list[bytes] | None:
             return None
         out.append(blob)
     return out
-
-
-async def _partition_counts(admin: AIOKafkaAdminClient) -> dict[str, int]:
-    return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics()}
 
 
 async def _topic_configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str]:

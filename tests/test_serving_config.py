@@ -1,0 +1,76 @@
+"""The configuration of rules on a serving stack's traffic: what is refused, by key."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil.daemon.config import ConfigError, parse_config
+from vigil.daemon.service import internal_topics
+
+KAFKA = {"bootstrap_servers": "127.0.0.1:9092", "group_id": "g"}
+
+
+def config(rule: dict, **sections: dict) -> dict:
+    base = {"name": "r", "kind": "ior", "eps": 0.1, "model": "iris"}
+    return {"kafka": KAFKA, **sections, "rules": [{**base, **rule}]}
+
+
+@pytest.mark.parametrize(
+    ("rule", "error"),
+    [
+        ({"format": "seldon", "topic": "t"}, "leave out topic"),
+        ({"format": "kserve"}, "needs topic"),
+        ({"format": "seldon", "model": None}, "needs model"),
+        ({"format": "seldon", "input": "embedding"}, "reads Vigil decision events only"),
+        ({"topic": "t", "input_tensor": "x"}, "input_tensor applies to format seldon or kserve"),
+        ({"format": "kserve", "topic": "t", "seldon_kind": "pipeline"}, "apply to format"),
+        ({"format": "seldon", "features": ["a"], "input_tensor": "x"}, "exclude each other"),
+        ({"format": "seldon", "name": "my rule"}, "only letters, digits"),
+        (
+            {"format": "seldon", "features": ["a", "c"], "categories": {"c": ["x", "y"]}, "dim": 2},
+            "dim is 2, features make 3 columns",
+        ),
+    ],
+)
+def test_bad_serving_rules_are_refused_naming_the_key(rule, error):
+    data = config({k: v for k, v in rule.items() if v is not None})
+    if rule.get("model", "") is None:
+        del data["rules"][0]["model"]
+    with pytest.raises(ConfigError, match=error):
+        parse_config(data)
+
+
+def test_serving_rules_need_kafka_and_a_group_id_fit_for_topic_names():
+    files = {"decisions": "d.jsonl"}
+    outputs = {"alerts_file": "a.jsonl", "dead_letter_file": "d.jsonl"}
+    data = {"files": files, "outputs": outputs, "rules": [config({"format": "seldon"})["rules"][0]]}
+    with pytest.raises(ConfigError, match="formats seldon and kserve need"):
+        parse_config(data)
+    data = config({"format": "seldon"})
+    data["kafka"] = {**KAFKA, "group_id": "my group"}
+    with pytest.raises(ConfigError, match="group_id 'my group'"):
+        parse_config(data)
+
+
+def test_the_topics_a_seldon_rule_reads_and_makes():
+    parsed = parse_config(
+        config(
+            {"format": "seldon", "seldon_kind": "pipeline", "seldon_namespace": "prod"},
+            seldon={"prefix": "sc"},
+        )
+    )
+    assert internal_topics(parsed) == {
+        "g.r.join": ["sc.prod.pipeline.iris.inputs", "sc.prod.pipeline.iris.outputs"],
+        "g.r.decisions": ["sc.prod.pipeline.iris.inputs", "sc.prod.pipeline.iris.outputs"],
+    }
+    features = parse_config(
+        config(
+            {
+                "format": "kserve",
+                "topic": "t",
+                "features": ["a", "c"],
+                "categories": {"c": ["x", "y"]},
+            }
+        )
+    )
+    assert features.rules[0].input_dim == 3

@@ -1,0 +1,378 @@
+"""Rules on a serving stack's own traffic, with the real broker: Seldon Core 2 model topics
+and a KServe inference-logger topic, written as those stacks write them."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import struct
+import time
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from tests.daemon_harness import (
+    Daemon,
+    consume_all,
+    create_topic,
+    wait_http,
+    witness_map,
+)
+from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
+from vigil.rules.ior import Monitor, MonitorSpec
+
+PARTITIONS = 3
+
+
+def seldon_rule(tag: str, extra: str = "", timeout: float = 3600) -> str:
+    return f"""
+[[rules]]
+name = "iris"
+kind = "ior"
+format = "seldon"
+seldon_namespace = "{tag}"
+model = "iris"
+metric = "linf"
+eps = 0.04
+join_timeout_seconds = {timeout}
+{extra}
+"""
+
+
+def topics(tag: str) -> tuple[str, str]:
+    return f"seldon.{tag}.model.iris.inputs", f"seldon.{tag}.model.iris.outputs"
+
+
+def request_bytes(x: np.ndarray) -> bytes:
+    message = pb.ModelInferRequest()
+    message.inputs.add(name="predict", datatype="FP64", shape=list(x.shape))
+    message.raw_input_contents.append(np.ascontiguousarray(x, "<f8").tobytes())
+    return message.SerializeToString()
+
+
+def response_bytes(y: np.ndarray) -> bytes:
+    message = pb.ModelInferResponse(model_name="iris")
+    out = message.outputs.add(name="predict", datatype="INT64", shape=[len(y), 1])
+    out.contents.int64_contents.extend(int(v) for v in y)
+    return message.SerializeToString()
+
+
+def requests_of(x: np.ndarray, y: np.ndarray, sizes: list[int]) -> list[tuple[str, int, slice]]:
+    """(request id, partition, rows) of consecutive requests of the given sizes."""
+    out, at = [], 0
+    for i, size in enumerate(sizes):
+        if at >= len(x):
+            break
+        out.append((f"req{i:05d}", i % PARTITIONS, slice(at, min(at + size, len(x)))))
+        at += size
+    return out
+
+
+async def send_seldon(bootstrap: str, tag: str, x, y, batch, side: str, pace: float = 0.0):
+    """The model gateway's records of ``batch``: requests on inputs, responses on outputs,
+    keyed ``<partition>.<model>.<request id>``, on that partition."""
+    inputs, outputs = topics(tag)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for n, (request_id, partition, rows) in enumerate(batch):
+            key = f"{partition}.iris.{request_id}".encode()
+            headers = [("pipeline", b"iris"), ("x-request-id", request_id.encode())]
+            if side == "request":
+                value, topic = request_bytes(x[rows]), inputs
+            else:
+                value, topic = response_bytes(y[rows]), outputs
+            await producer.send(topic, value, key=key, partition=partition, headers=headers)
+            if pace and n % 10 == 9:
+                await producer.flush()
+                await asyncio.sleep(pace)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def read_decisions(bootstrap: str, topic: str, expect: int, timeout: float = 120) -> list:
+    """The committed decision events of ``topic`` in the order of the partition that holds
+    model "iris" (one partition holds each model)."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: dict[int, list] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and sum(map(len, out.values())) < expect:
+            for tp, records in (await consumer.getmany(timeout_ms=300)).items():
+                out.setdefault(tp.partition, []).extend(orjson.loads(r.value) for r in records)
+        await asyncio.sleep(2)  # anything more (a duplicate) would arrive now
+        for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+            out.setdefault(tp.partition, []).extend(orjson.loads(r.value) for r in records)
+    finally:
+        await consumer.stop()
+    assert len(out) <= 1, f"one model's decisions on several partitions: {sorted(out)}"
+    return next(iter(out.values()), [])
+
+
+def offline(decisions: list[dict], eps: float) -> dict[str, list[str]]:
+    """The monitor over the decisions in their topic's order: decision id -> witness ids."""
+    x = np.array([d["x"] for d in decisions])
+    y = np.array([d["y"] for d in decisions])
+    ids = [d["id"] for d in decisions]
+    monitor = Monitor(MonitorSpec(dim=x.shape[1], eps=eps))
+    w = monitor.check_batch(x, y, ids)
+    return {ids[i]: monitor.ids(w.of(int(i))[0]) for i in w.flagged}
+
+
+def brute_force(decisions: list[dict], eps: float) -> dict[str, set[str]]:
+    """Every earlier decision within eps (L-inf, closed) with another label."""
+    out: dict[str, set[str]] = {}
+    for i, d in enumerate(decisions):
+        xi = np.array(d["x"])
+        found = {
+            e["id"]
+            for e in decisions[:i]
+            if e["y"] != d["y"] and np.max(np.abs(np.array(e["x"]) - xi)) <= eps
+        }
+        if found:
+            out[d["id"]] = found
+    return out
+
+
+async def test_seldon_traffic_is_checked_exactly_once_through_a_kill_between_request_and_response(
+    kafka_bootstrap, tmp_path, compas
+):
+    x, y = compas
+    x, y = x[:1200], y[:1200]
+    tag = Daemon(kafka_bootstrap, tmp_path).tag
+    for topic in topics(tag):
+        await create_topic(kafka_bootstrap, topic, PARTITIONS)
+    rng = np.random.default_rng(7)
+    batch = requests_of(x, y, [int(s) for s in rng.choice([1, 1, 2, 3, 32], size=len(x))])
+    half = len(batch) // 2
+    instances: dict[str, Daemon] = {}
+
+    def start(name: str) -> Daemon:
+        (tmp_path / name).mkdir(exist_ok=True)
+        d = Daemon(
+            kafka_bootstrap,
+            tmp_path / name,
+            tag=tag,
+            client_id=name,
+            snapshot_every_events=100,
+            extra_rules=seldon_rule(tag),
+            state_settings='store = "kafka"',
+        )
+        d.start(create_topics=not instances)
+        instances[name] = d
+        return d
+
+    decisions_topic = f"vigil-{tag}.iris.decisions"
+    try:
+        a, b = start("a"), start("b")
+        await send_seldon(kafka_bootstrap, tag, x, y, batch[:half], "request")
+        await send_seldon(kafka_bootstrap, tag, x, y, batch[: half // 2], "response")
+        for d in (a, b):
+            await wait_http(d.port, "/readyz", timeout=90)
+        await asyncio.sleep(3)  # the joins hold the other half of the requests now
+        a.kill()  # between requests and their responses
+        start("a")
+        await send_seldon(kafka_bootstrap, tag, x, y, batch[half // 2 : half], "response", 0.05)
+        await send_seldon(kafka_bootstrap, tag, x, y, batch[half:], "request")
+        b.signal(signal.SIGKILL)  # the other instance too, its join mid-stream
+        b.wait(30)
+        start("b")
+        await send_seldon(kafka_bootstrap, tag, x, y, batch[half:], "response", 0.05)
+        decisions = await read_decisions(kafka_bootstrap, decisions_topic, len(x))
+        expected = offline(decisions, 0.04)
+        alerts = await consume_all(kafka_bootstrap, a.alerts_topic, len(expected), 120)
+        running = [d.running() for d in instances.values()]
+    finally:
+        for d in instances.values():
+            d.kill()
+    ids = [d["id"] for d in decisions]
+    wanted = [f"{r}/{i}" for r, _, rows in batch for i in range(rows.stop - rows.start)]
+    assert sorted(ids) == sorted(wanted), "a decision was lost or doubled"
+    by_id = {d["id"]: d for d in decisions}
+    for request_id, _, rows in batch:  # each row as sent, with its own label
+        for i, row in enumerate(range(rows.start, rows.stop)):
+            assert by_id[f"{request_id}/{i}"]["x"] == x[row].tolist()
+            assert by_id[f"{request_id}/{i}"]["y"] == int(y[row])
+    alert_ids = [a["decision"]["id"] for a in alerts if a["rule"] == "iris"]
+    assert len(alert_ids) == len(set(alert_ids)), "an alert was duplicated"
+    got = witness_map([a for a in alerts if a["rule"] == "iris"])
+    assert got == expected
+    assert {k: set(v) for k, v in got.items()} == brute_force(decisions, 0.04)
+    assert all(running)
+
+
+def struct_bytes(values: list[str]) -> bytes:
+    return b"".join(struct.pack("<I", len(v)) + v.encode() for v in values)
+
+
+def kserve_rule(name: str, topic: str, service: str, extra: str = "") -> str:
+    return f"""
+[[rules]]
+name = "{name}"
+kind = "ior"
+format = "kserve"
+topic = "{topic}"
+model = "{service}"
+metric = "linf"
+eps = 0.04
+{extra}
+"""
+
+
+def cloudevent(kind: str, event_id: str, service: str, body: dict) -> tuple[bytes, list]:
+    """A KafkaSink record in binary mode: the HTTP body, ce_* headers, no key."""
+    headers = [
+        ("ce_specversion", b"1.0"),
+        ("ce_id", event_id.encode()),
+        ("ce_source", f"http://{service}-predictor/".encode()),
+        ("ce_type", f"org.kubeflow.serving.inference.{kind}".encode()),
+        ("content-type", b"application/json"),
+        ("ce_inferenceservicename", service.encode()),
+        ("ce_namespace", b"default"),
+        ("ce_component", b"predictor"),
+    ]
+    return orjson.dumps(body), headers
+
+
+async def test_a_kserve_topic_mixing_two_inference_services(kafka_bootstrap, tmp_path, compas):
+    """Service "credit" logs OIP JSON, service "risk" KServe v1, on one topic of three
+    partitions (no key: a request and its response land anywhere); each rule checks its
+    own service's decisions."""
+    x, y = compas
+    x, y = x[:600], y[:600]
+    daemon = Daemon(kafka_bootstrap, tmp_path)
+    topic = f"kserve-{daemon.tag}"
+    await create_topic(kafka_bootstrap, topic, PARTITIONS)
+    daemon.extra_rules = kserve_rule("credit", topic, "credit") + kserve_rule("risk", topic, "risk")
+    records = []
+    for i in range(0, len(x), 3):
+        rows = slice(i, i + 3)
+        oip_request = {
+            "inputs": [
+                {"name": "input-0", "shape": [3, 14], "datatype": "FP64", "data": x[rows].tolist()}
+            ]
+        }
+        oip_response = {
+            "model_name": "credit",
+            "id": f"other-{i}",
+            "outputs": [
+                {"name": "output-0", "shape": [3], "datatype": "INT64", "data": y[rows].tolist()}
+            ],
+        }
+        records.append(cloudevent("request", f"c{i}", "credit", oip_request))
+        records.append(cloudevent("request", f"r{i}", "risk", {"instances": x[rows].tolist()}))
+        records.append(cloudevent("response", f"c{i}", "credit", oip_response))
+        records.append(cloudevent("response", f"r{i}", "risk", {"predictions": y[rows].tolist()}))
+    daemon.start()
+    try:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            for n, (value, headers) in enumerate(records):
+                await producer.send(topic, value, headers=headers, partition=n % PARTITIONS)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        decisions = {
+            name: await read_decisions(kafka_bootstrap, f"vigil-{daemon.tag}.{name}.decisions", 600)
+            for name in ("credit", "risk")
+        }
+        expected = {name: offline(ds, 0.04) for name, ds in decisions.items()}
+        total = sum(map(len, expected.values()))
+        alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, total, 120)
+    finally:
+        daemon.kill()
+    for name, prefix in (("credit", "c"), ("risk", "r")):
+        ids = [d["id"] for d in decisions[name]]
+        assert sorted(ids) == sorted(f"{prefix}{i}/{r}" for i in range(0, 600, 3) for r in range(3))
+        mine = [a for a in alerts if a["rule"] == name]
+        assert witness_map(mine) == expected[name]
+        assert all(a["model"] == name for a in mine)
+
+
+async def test_bad_serving_traffic_goes_to_dead_letters_and_the_rest_is_checked(
+    kafka_bootstrap, tmp_path, compas
+):
+    x, y = compas
+    daemon = Daemon(kafka_bootstrap, tmp_path)
+    tag = daemon.tag
+    inputs, outputs = topics(tag)
+    for topic in (inputs, outputs):
+        await create_topic(kafka_bootstrap, topic, 1)
+    daemon.extra_rules = seldon_rule(tag, 'input_tensor = "predict"', timeout=5)
+    now = int(time.time() * 1000)
+    strings = pb.ModelInferRequest()
+    strings.inputs.add(name="predict", datatype="BYTES", shape=[1, 1])
+    strings.raw_input_contents.append(struct_bytes(["high"]))
+    other = pb.ModelInferRequest()
+    other.inputs.add(name="features", datatype="FP64", shape=[1, 14])
+    other.raw_input_contents.append(x[0].astype("<f8").tobytes())
+    sent = [  # (topic, request id, value, timestamp)
+        (inputs, "lonely", request_bytes(x[:1]), now - 60_000),  # never answered
+        (inputs, "good1", request_bytes(x[:40]), now),
+        (outputs, "good1", response_bytes(y[:40]), now),
+        (inputs, "rows", request_bytes(x[:3]), now),
+        (outputs, "rows", response_bytes(y[:2]), now),  # 2 rows for 3
+        (inputs, "named", other.SerializeToString(), now),
+        (outputs, "named", response_bytes(y[:1]), now),
+        (inputs, "cut", request_bytes(x[:5])[:-7], now),  # truncated protobuf
+        (outputs, "cut", response_bytes(y[:5]), now),  # its response then waits in vain
+        (inputs, "text", strings.SerializeToString(), now),
+        (outputs, "text", response_bytes(y[:1]), now),
+        (inputs, "good2", request_bytes(x[40:80]), now + 10_000),  # stream time moves on
+        (outputs, "good2", response_bytes(y[40:80]), now + 10_000),
+    ]
+    daemon.start()
+    try:
+        await wait_http(daemon.port, "/readyz")
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        decisions_topic = f"vigil-{tag}.iris.decisions"
+        try:
+            for n, (topic, request_id, value, at) in enumerate(sent):
+                if n == len(sent) - 2:  # once the others are joined: stream time moves on
+                    await producer.flush()
+                    await read_decisions(kafka_bootstrap, decisions_topic, 40)
+                key = f"0.iris.{request_id}".encode()
+                await producer.send(topic, value, key=key, timestamp_ms=at)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        decisions = await read_decisions(kafka_bootstrap, decisions_topic, 80)
+        dead = await consume_all(kafka_bootstrap, daemon.dead_topic, 6, 60)
+        body = await wait_http(daemon.port, "/metrics")
+        assert daemon.running()
+    finally:
+        daemon.kill()
+    assert [d["id"] for d in decisions] == [f"good{k}/{i}" for k in (1, 2) for i in range(40)]
+    letters = sorted((d["reason"], d["source"]["topic"], d["error"]) for d in dead)
+    reasons = [(reason, topic) for reason, topic, _ in letters]
+    assert reasons == [
+        ("category", inputs),
+        ("schema", inputs),
+        ("schema", inputs),
+        ("undecodable", inputs),
+        ("unmatched", inputs),
+        ("unmatched", outputs),
+    ], letters
+    errors = " | ".join(error for _, _, error in letters)
+    for fragment in (
+        "'predict' holds strings",
+        "2 rows for a request of 3",
+        "no input tensor 'predict' (tensors: 'features')",
+        "unmatched request 'lonely'",
+        "unmatched response 'cut'",
+    ):
+        assert fragment in errors, errors
+    assert (
+        'vigil_serving_unmatched_total{rule="iris.join",side="request",why="timeout"} 1.0' in body
+    )
