@@ -74,3 +74,18 @@ def test_the_topics_a_seldon_rule_reads_and_makes():
         )
     )
     assert features.rules[0].input_dim == 3
+
+
+def test_the_documented_serving_configs_are_valid():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs/operations.md").read_text()
+    section = text.split("## Connect your serving stack", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```toml\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        data = tomllib.loads(block)
+        parsed = parse_config({"kafka": KAFKA, **data})
+        assert parsed.rules[0].format in ("seldon", "kserve")
