@@ -23,11 +23,13 @@ import structlog
 
 from vigil.connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
 from vigil.connectors.events import (
+    BATCH_HEADER,
     BadEvent,
     Decision,
     Record,
     dead_letter,
     decode_decision,
+    decode_decisions,
     encode,
     now_iso,
 )
@@ -419,6 +421,12 @@ class Pipeline:
         by_model: dict[str, list[Decision]] = defaultdict(list)
         for r in records:
             try:
+                if r.headers and r.header(BATCH_HEADER) is not None:
+                    batch = decode_decisions(r)
+                    if batch:
+                        decisions += batch
+                        by_model[batch[0].model] += batch
+                    continue
                 d = decode_decision(r)
             except BadEvent as e:
                 if r.offset >= emit_from:

@@ -108,14 +108,25 @@ async def read_decisions(bootstrap: str, topic: str, expect: int, timeout: float
     try:
         while time.monotonic() < deadline and sum(map(len, out.values())) < expect:
             for tp, records in (await consumer.getmany(timeout_ms=300)).items():
-                out.setdefault(tp.partition, []).extend(orjson.loads(r.value) for r in records)
+                out.setdefault(tp.partition, []).extend(rows_of(records))
         await asyncio.sleep(2)  # anything more (a duplicate) would arrive now
         for tp, records in (await consumer.getmany(timeout_ms=500)).items():
-            out.setdefault(tp.partition, []).extend(orjson.loads(r.value) for r in records)
+            out.setdefault(tp.partition, []).extend(rows_of(records))
     finally:
         await consumer.stop()
     assert len(out) <= 1, f"one model's decisions on several partitions: {sorted(out)}"
     return next(iter(out.values()), [])
+
+
+def rows_of(records: list) -> list[dict]:
+    """The decisions of decision-batch records (one per request: ``x`` and ``y`` by row)."""
+    out = []
+    for r in records:
+        assert ("vigil-decisions", b"1") in list(r.headers)
+        batch = orjson.loads(r.value)
+        for row, (x, y) in enumerate(zip(batch["x"], batch["y"], strict=True)):
+            out.append({"id": f"{batch['id']}/{row}", "model": batch["model"], "x": x, "y": y})
+    return out
 
 
 def offline(decisions: list[dict], eps: float) -> dict[str, list[str]]:

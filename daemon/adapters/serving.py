@@ -6,9 +6,9 @@ transactions):
    to the rule's join topic keyed by its join key (the Seldon record key, the KServe event
    id), so a request and its response meet in one partition, in one order;
 2. ``ServingJoin`` pairs them there, its waiting side kept as state (snapshotted, restored,
-   replayed like any rule's), and sends each pair's rows as Vigil decision events to the
-   rule's decisions topic keyed by model, so each model's decisions have one order in one
-   partition;
+   replayed like any rule's), and sends each pair's rows as one record of decisions
+   (``BATCH_HEADER``) to the rule's decisions topic keyed by model, so each model's
+   decisions have one order in one partition;
 3. the i.o.r. rule itself reads the decisions topic.
 
 A single log per join partition makes the join's replay after a restart see the records
@@ -23,7 +23,14 @@ from dataclasses import dataclass
 import orjson
 
 from vigil.connectors.base import OutMessage, TopicPartition
-from vigil.connectors.events import BadEvent, Record, dead_letter, encode, now_iso
+from vigil.connectors.events import (
+    BATCH_HEADER,
+    BadEvent,
+    Record,
+    dead_letter,
+    encode,
+    now_iso,
+)
 from vigil.connectors.serving import kserve, seldon
 from vigil.connectors.serving.join import Expired, Join, Waiting
 from vigil.connectors.serving.message import Inference
@@ -33,6 +40,7 @@ from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.config import IorRuleConfig, SeldonConfig
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
+_BATCH = ((BATCH_HEADER, b"1"),)
 """Where a forwarded record came from (its join-topic copy carries them)."""
 
 
@@ -178,16 +186,11 @@ class ServingJoin(Rule):
             return [self._dead(record, request.record, e.reason, str(e))]
         model = self.config.model
         assert model is not None
-        key = model.encode()
-        request_id = request.inference.request_id
-        labels = y.tolist()
-        out = []
-        for row, (inputs, output) in enumerate(zip(x.tolist(), labels, strict=True)):
-            event = {"id": f"{request_id}/{row}", "model": model, "x": inputs, "y": output}
-            message = OutMessage(self.decisions_topic, key, orjson.dumps(event))
-            out.append(Answer.to(record, message))
-        result.checked += len(out)
-        return out
+        event = {"id": request.inference.request_id, "model": model, "x": x, "y": y}
+        value = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY)
+        message = OutMessage(self.decisions_topic, model.encode(), value, _BATCH)
+        result.checked += len(x)
+        return [Answer.to(record, message)]
 
     def _unmatched(self, record: Record, expired: Expired) -> Answer:
         side = expired.waiting.inference.role
