@@ -342,7 +342,7 @@ class SeldonConfig(_Section):
     prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$")] = "seldon"
     namespace: Annotated[str, Field(min_length=1)] = "default"
 
-    def topics(self, rule: IorRuleConfig) -> tuple[str, str]:
+    def topics(self, rule: ServingKeys) -> tuple[str, str]:
         """A seldon rule's inputs and outputs topics."""
         assert rule.model is not None
         base = f"{self.prefix}.{rule.seldon_namespace or self.namespace}.{rule.seldon_kind}"
@@ -354,13 +354,14 @@ class LoggingConfig(_Section):
     format: Literal["auto", "json", "console"] = "auto"
 
 
-class IorRuleConfig(_Section):
+class ServingKeys(_Section):
+    """The keys of a rule that reads decisions, for where they come from: Vigil's events or a
+    serving stack's traffic (docs/operations.md, "Connect your serving stack")."""
+
     name: Annotated[str, Field(min_length=1)]
-    kind: Literal["ior"]
     topic: str | None = Field(
         default=None, description='the decisions topic (not with format = "seldon")'
     )
-    model: str | None = Field(default=None, description="only this model's decisions; all if unset")
     format: Literal["vigil", "seldon", "kserve"] = Field(
         default="vigil",
         description="what the topic holds: Vigil decision events, Seldon Core 2 model or "
@@ -386,6 +387,46 @@ class IorRuleConfig(_Section):
     join_pending_limit: Annotated[int, Field(ge=1)] = Field(
         default=100_000, description="unpaired requests and responses held per partition"
     )
+
+    def _check_format(self) -> None:
+        serving = self.format != "vigil"
+        if serving and not TOPIC_NAME.match(self.name):
+            raise ValueError(
+                f"name {self.name!r}: a serving-stack rule's name is part of its topics' "
+                "names, so only letters, digits, '.', '_' and '-'"
+            )
+        if self.format == "seldon":
+            if self.topic is not None:
+                raise ValueError('format = "seldon" reads the model\'s topics: leave out topic')
+        elif self.topic is None:
+            raise ValueError(f'format = "{self.format}" needs topic')
+        if serving and self.model is None:
+            raise ValueError(f'format = "{self.format}" needs model (its traffic is read)')
+        if serving and getattr(self, "input", "x") == "embedding":
+            raise ValueError("input = 'embedding' reads Vigil decision events only")
+        if not serving:
+            for key in (
+                "seldon_namespace",
+                "input_tensor",
+                "output_tensor",
+                "categories",
+                "join_timeout_seconds",
+                "join_pending_limit",
+            ):
+                if key in self.model_fields_set:
+                    raise ValueError(f"{key} applies to format seldon or kserve")
+        if self.format != "seldon" and (
+            "seldon_namespace" in self.model_fields_set or "seldon_kind" in self.model_fields_set
+        ):
+            raise ValueError('seldon_namespace and seldon_kind apply to format = "seldon"')
+        features = getattr(self, "features", None)
+        if serving and features is not None and self.input_tensor is not None:
+            raise ValueError("features (one tensor per column) and input_tensor exclude each other")
+
+
+class IorRuleConfig(ServingKeys):
+    kind: Literal["ior"]
+    model: str | None = Field(default=None, description="only this model's decisions; all if unset")
     metric: Literal["linf", "l2", "l1"] = "linf"
     eps: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     backend: str = "auto"
@@ -453,40 +494,6 @@ class IorRuleConfig(_Section):
                 raise ValueError(f"scale has {len(self.scale)} entries, dim is {dim}")
         return self
 
-    def _check_format(self) -> None:
-        serving = self.format != "vigil"
-        if serving and not TOPIC_NAME.match(self.name):
-            raise ValueError(
-                f"name {self.name!r}: a serving-stack rule's name is part of its topics' "
-                "names, so only letters, digits, '.', '_' and '-'"
-            )
-        if self.format == "seldon":
-            if self.topic is not None:
-                raise ValueError('format = "seldon" reads the model\'s topics: leave out topic')
-        elif self.topic is None:
-            raise ValueError(f'format = "{self.format}" needs topic')
-        if serving and self.model is None:
-            raise ValueError(f'format = "{self.format}" needs model (its traffic is read)')
-        if serving and self.input == "embedding":
-            raise ValueError("input = 'embedding' reads Vigil decision events only")
-        if not serving:
-            for key in (
-                "seldon_namespace",
-                "input_tensor",
-                "output_tensor",
-                "categories",
-                "join_timeout_seconds",
-                "join_pending_limit",
-            ):
-                if key in self.model_fields_set:
-                    raise ValueError(f"{key} applies to format seldon or kserve")
-        if self.format != "seldon" and (
-            "seldon_namespace" in self.model_fields_set or "seldon_kind" in self.model_fields_set
-        ):
-            raise ValueError('seldon_namespace and seldon_kind apply to format = "seldon"')
-        if serving and self.features is not None and self.input_tensor is not None:
-            raise ValueError("features (one tensor per column) and input_tensor exclude each other")
-
     @property
     def input_dim(self) -> int | None:
         """The input length when the configuration fixes it (``dim``, or ``features``, each
@@ -496,13 +503,15 @@ class IorRuleConfig(_Section):
         return sum(len(self.categories.get(f, [f])) for f in self.features)
 
 
-class ReachRuleConfig(_Section):
+class ReachRuleConfig(ServingKeys):
     """Online reachability verification of one model on the inputs it currently sees."""
 
-    name: Annotated[str, Field(min_length=1)]
     kind: Literal["reach"]
-    topic: str = Field(description="the decisions topic")
     model: str = Field(description="the model whose decisions and updates are verified")
+    features: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        description="with a serving stack's traffic: one [n, 1] input tensor per name, in order",
+    )
     models_topic: str | None = Field(
         default=None, description="model updates ({model, version, onnx | uri}); none if unset"
     )
@@ -523,6 +532,9 @@ class ReachRuleConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> ReachRuleConfig:
+        self._check_format()
+        if self.features is not None and self.format == "vigil":
+            raise ValueError("features applies to format seldon or kserve for reach rules")
         Accelerations.parse(self.accelerations)
         c = np.array(self.C, dtype=float) if self.C else np.zeros((0, 0))
         if c.ndim != 2 or c.shape[0] != len(self.d) or c.shape[0] == 0:

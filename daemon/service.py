@@ -33,6 +33,16 @@ from vigil.daemon.state import FileStore, KafkaStore, StateStore
 
 log = structlog.get_logger("vigil")
 
+EXIT_SHUTDOWN_INCOMPLETE = 3
+"""``vigil run``'s status when stopped on request without finishing (docs/operations.md)."""
+_GRACEFUL_SHARE = 0.8
+"""Of ``[shutdown] deadline_seconds``, the time the graceful shutdown takes at most; at the
+deadline the process ends itself."""
+_MIN_CLOSE_SECONDS = 0.2
+_DIAGNOSE_SECONDS = 5.0
+_STARTUP_POLL_SECONDS = 0.2
+_stop_signalled = threading.Event()
+
 
 def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
     """The configured rules, with their models loaded and checked and their worker pools
@@ -273,21 +283,11 @@ def _stop_within(
     threading.Thread(target=_exit_after, args=(deadline,), daemon=True).start()
 
 
-_stop_signalled = threading.Event()
-
-
-_GRACEFUL_SHARE = 0.8
-
-
 def _exit_after(seconds: float) -> None:
     time.sleep(seconds)
     log.warning("shutdown_deadline_exceeded", pending=["the shutdown itself (forced exit)"])
     sys.stderr.flush()
     os._exit(EXIT_SHUTDOWN_INCOMPLETE)
-
-
-EXIT_SHUTDOWN_INCOMPLETE = 3
-"""``vigil run``'s status when stopped on request without finishing (docs/operations.md)."""
 
 
 def _stopped(pipeline: Pipeline, pending: list[str]) -> Pipeline:
@@ -345,10 +345,6 @@ async def _wait_for_broker(broker: BrokerWatch, config: Config, stop: asyncio.Ev
                 )
         await _first(asyncio.sleep(_STARTUP_POLL_SECONDS), stop)
     return True
-
-
-_DIAGNOSE_SECONDS = 5.0
-_STARTUP_POLL_SECONDS = 0.2
 
 
 async def _first(work: Awaitable[object], stop: asyncio.Event) -> bool:
@@ -450,6 +446,3 @@ async def _close(pipeline: Pipeline, server: OpsServer | None, ends: float) -> l
     for rule in pipeline.rules:
         rule.close()
     return pending
-
-
-_MIN_CLOSE_SECONDS = 0.2

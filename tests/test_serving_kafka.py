@@ -387,3 +387,50 @@ async def test_bad_serving_traffic_goes_to_dead_letters_and_the_rest_is_checked(
     assert (
         'vigil_serving_unmatched_total{rule="iris.join",side="request",why="timeout"} 1.0' in body
     )
+
+
+async def test_a_reach_rule_on_seldon_traffic_verifies_the_inputs_the_model_saw(
+    kafka_bootstrap, tmp_path
+):
+    """The reach rule's window is the inputs of the Seldon requests (rows of 4-row requests):
+    the box it verifies is theirs, with the verdict the MILP oracle gives for it."""
+    from tests.test_daemon_reach import EPS, networks
+
+    v1, _, spec = networks()
+    (tmp_path / "model.onnx").write_bytes(v1.to_onnx())
+    daemon = Daemon(kafka_bootstrap, tmp_path)
+    tag = daemon.tag
+    for topic in topics(tag):
+        await create_topic(kafka_bootstrap, topic, 1)
+    daemon.extra_rules = f"""
+[[rules]]
+name = "reach"
+kind = "reach"
+format = "seldon"
+seldon_namespace = "{tag}"
+model = "iris"
+onnx = "model.onnx"
+window = 200
+eps = {EPS}
+C = {spec.C.tolist()}
+d = {spec.d.tolist()}
+max_branches = 512
+accelerations = "bmi+lb+bmw+ic"
+"""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.2, 0.8, size=(60, 3))
+    x[0], x[1] = 0.1, 0.9  # the window's box is [0.1, 0.9]^3
+    y = np.zeros(60, dtype=np.int64)
+    batch = [(f"q{i}", 0, slice(4 * i, 4 * i + 4)) for i in range(15)]
+    daemon.start()
+    try:
+        await send_seldon(kafka_bootstrap, tag, x, y, batch, "request")
+        await send_seldon(kafka_bootstrap, tag, x, y, batch, "response")
+        events = await consume_all(kafka_bootstrap, daemon.verifications_topic, 1, 90, settle=2.0)
+    finally:
+        daemon.kill()
+    last = events[-1]
+    assert last["model"] == "iris" and last["decisions"] == 60, last
+    np.testing.assert_allclose(last["input_set"]["lower"], np.full(3, 0.1 - EPS))
+    np.testing.assert_allclose(last["input_set"]["upper"], np.full(3, 0.9 + EPS))
+    assert last["status"] == "holds"  # the spec holds on [-EPS, 1 + EPS]^3, a larger box

@@ -37,7 +37,8 @@ from vigil.connectors.serving.message import Inference
 from vigil.connectors.serving.rows import TensorSelection, decision_rows
 from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StatePart
 from vigil.daemon.adapters.ior import IorRule
-from vigil.daemon.config import IorRuleConfig, SeldonConfig
+from vigil.daemon.adapters.reach import ReachRule
+from vigil.daemon.config import IorRuleConfig, ReachRuleConfig, SeldonConfig, ServingKeys
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
 _BATCH = ((BATCH_HEADER, b"1"),)
@@ -49,7 +50,7 @@ class ServingForward(Rule):
 
     kind = "serving-forward"
 
-    def __init__(self, name: str, config: IorRuleConfig, topics: set[str], join_topic: str) -> None:
+    def __init__(self, name: str, config: ServingKeys, topics: set[str], join_topic: str) -> None:
         super().__init__(name, topics)
         self.config, self.join_topic = config, join_topic
         self.backend = config.format
@@ -105,7 +106,7 @@ class ServingJoin(Rule):
     def __init__(
         self,
         name: str,
-        config: IorRuleConfig,
+        config: ServingKeys,
         join_topic: str,
         decisions_topic: str,
         context: RuleContext,
@@ -116,7 +117,7 @@ class ServingJoin(Rule):
         self.selection = TensorSelection(
             config.input_tensor,
             config.output_tensor,
-            tuple(config.features) if config.features is not None else None,
+            tuple(features) if (features := getattr(config, "features", None)) else None,
             config.categories,
         )
         self.timeout_ms = int(config.join_timeout_seconds * 1000)
@@ -235,7 +236,7 @@ def _original(record: Record) -> Record:
     return Record(topic.decode(), int(partition), int(offset), record.value, record.key)
 
 
-def serving_topics(config: IorRuleConfig, seldon_config: SeldonConfig, group_id: str) -> Stages:
+def serving_topics(config: ServingKeys, seldon_config: SeldonConfig, group_id: str) -> Stages:
     """The topics of a serving-stack rule's stages."""
     if config.format == "seldon":
         sources = set(seldon_config.topics(config))
@@ -247,23 +248,24 @@ def serving_topics(config: IorRuleConfig, seldon_config: SeldonConfig, group_id:
 
 
 def serving_rules(
-    config: IorRuleConfig, seldon_config: SeldonConfig, group_id: str, context: RuleContext
+    config: IorRuleConfig | ReachRuleConfig,
+    seldon_config: SeldonConfig,
+    group_id: str,
+    context: RuleContext,
 ) -> list[Rule]:
-    """The three stages of an i.o.r. rule on a serving stack's traffic: forward, join, and
-    the rule itself on the joined decisions (their x already one row of columns)."""
+    """The three stages of a rule on a serving stack's traffic: forward, join, and the rule
+    itself (i.o.r. or reach) on the joined decisions, their x already one row of columns."""
     stages = serving_topics(config, seldon_config, group_id)
-    checker = config.model_copy(
-        update={
-            "topic": stages.decisions,
-            "format": "vigil",
-            "features": None,
-            "dim": config.input_dim,
-        }
-    )
+    update = {"topic": stages.decisions, "format": "vigil", "features": None}
+    checker: Rule
+    if isinstance(config, IorRuleConfig):
+        checker = IorRule(config.model_copy(update={**update, "dim": config.input_dim}), context)
+    else:
+        checker = ReachRule(config.model_copy(update=update), context)
     return [
         ServingForward(f"{config.name}.forward", config, set(stages.sources), stages.join),
         ServingJoin(f"{config.name}.join", config, stages.join, stages.decisions, context),
-        IorRule(checker, context),
+        checker,
     ]
 
 
