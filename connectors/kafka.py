@@ -23,7 +23,12 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from vigil.connectors.events import Record
-from vigil.connectors.kafka_security import BrokerUnavailable, KafkaSecurity, diagnose
+from vigil.connectors.kafka_security import (
+    BrokerRejected,
+    BrokerUnavailable,
+    KafkaSecurity,
+    diagnose,
+)
 
 PLAINTEXT = KafkaSecurity()
 PARTITION_FETCH_BYTES = 16 << 20
@@ -47,8 +52,11 @@ async def start_client(
 
 
 def broker_gone(error: BaseException) -> bool:
-    """Whether ``error`` says the cluster did not answer in time (worth waiting out), as
-    opposed to refusing the request (a setting, a size, an authorisation)."""
+    """Whether a client's ``error`` says the cluster did not answer in time (worth waiting
+    out), as opposed to refusing the request (a setting, a size, an authorisation). Vigil's
+    own verdicts (``BrokerUnavailable``, ``BrokerRejected``) are final, not this."""
+    if isinstance(error, BrokerUnavailable | BrokerRejected):
+        return False
     if isinstance(error, KafkaError):
         return bool(error.retriable) or isinstance(error, KafkaTimeoutError)
     return isinstance(error, (OSError, TimeoutError))
@@ -75,21 +83,34 @@ class BrokerProbe:
         self._bootstrapped = False
 
     async def answers(self, timeout: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                if not self._bootstrapped:
+        """Whether any broker answers within ``timeout`` (all are asked at once, so one that
+        hangs does not hide the others)."""
+        if not self._bootstrapped:
+            try:
+                async with asyncio.timeout(timeout):
                     await self._client.bootstrap()
-                    self._bootstrapped = True
-                    return True
-                for broker in self._client.cluster.brokers():
-                    try:
-                        await self._client.send(broker.nodeId, MetadataRequest([]))
-                    except KafkaError:
-                        continue
-                    return True
+            except (KafkaError, OSError, TimeoutError):
                 return False
-        except (KafkaError, OSError, TimeoutError):
+            self._bootstrapped = True
+            return True
+        asks = [
+            asyncio.ensure_future(self._client.send(b.nodeId, MetadataRequest([])))
+            for b in self._client.cluster.brokers()
+        ]
+        try:
+            for answer in asyncio.as_completed(asks, timeout=timeout):
+                try:
+                    await answer
+                except (KafkaError, OSError):
+                    continue
+                return True
             return False
+        except TimeoutError:
+            return False
+        finally:
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
 
     async def close(self) -> None:
         await self._client.close()

@@ -83,7 +83,12 @@ class BrokerWatch:
 
     async def _run(self) -> None:
         while True:
-            self.observe(await self._probe.answers(self._timeout))
+            try:
+                answered = await self._probe.answers(self._timeout)
+            except Exception as e:  # a probe that breaks must not freeze the state
+                log.warning("broker_probe_failed", error=repr(e))
+                answered = False
+            self.observe(answered)
             await asyncio.sleep(self._interval)
 
     def observe(self, answered: bool) -> None:

@@ -113,13 +113,12 @@ class Checkpoint:
         self._sending.clear()
         return True
 
-    def reset(self) -> None:
-        """Forget a failed delivery, its offsets and the waiting answers, once every
-        partition is to be resumed from its commit (and assigned again)."""
+    def recovered(self) -> None:
+        """Forget a failed delivery, its offsets and the waiting answers once every partition
+        has been resumed from its commit (assigned again: their answers are given again)."""
         self.error = None
         self._delivery = None
         self._sending.clear()
-        self.committed.clear()
         self._outbox.clear()
         self._count_outbox()
 

@@ -32,7 +32,8 @@ class ClientLogFilter(logging.Filter):
     (the broker watch has found the cluster away, daemon/broker.py) warnings and errors are
     counted, not written: they all tell the outage the watch reports once. Otherwise each
     message kind (its format string) is written at most once per ``interval`` seconds; the
-    first one after that says how many were held back."""
+    first one after that says how many were held back. A record with a traceback is always
+    written."""
 
     def __init__(self, interval: float = REPEAT_INTERVAL_SECONDS) -> None:
         super().__init__()
@@ -48,9 +49,12 @@ class ClientLogFilter(logging.Filter):
         return n
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(LIBRARY_LOGGERS):
+        if not record.name.startswith(LIBRARY_LOGGERS) or record.exc_info:
+            return True  # a traceback is never held back
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit: the handler reports it
             return True
-        text = record.getMessage()
         for fragment, level in EXPECTED_AT_START.items():
             if fragment in text and record.levelno > level:
                 record.levelno, record.levelname = level, logging.getLevelName(level)

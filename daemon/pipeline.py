@@ -288,10 +288,19 @@ class Pipeline:
         """After a delivery the broker did not take: wait for it, make a new producer (its
         start aborts the transaction left open), and resume every partition from its
         commit, as a new assignment would; nothing was committed past the answers that went
-        out, so the records after the commit are answered again (their jobs run again)."""
+        out, so the records after the commit are answered again (their jobs run again). The
+        checkpoint stays failed (nothing committed or snapshotted) until every partition is
+        resumed; a partition not yet resumed has no read position, so nothing of it is
+        checked or committed meanwhile."""
         assert self.broker is not None
         log.warning("delivery_failed_waiting_for_broker", error=repr(error))
         self.metrics.delivery_recoveries.inc()
+        async with self._lock:
+            await self._flush_snapshots()  # those of deliveries that went out
+            stale = list(self._emit_from)
+            for tp in stale:
+                self._forget_position(tp)
+        producer_ready = False
         while True:
             waiting = asyncio.ensure_future(self.broker.wait_until_up())
             stopping = asyncio.ensure_future(stop.wait())
@@ -302,23 +311,36 @@ class Pipeline:
                 return  # failed stays set: nothing more is committed or snapshotted
             try:
                 async with self._lock:
-                    await self.sink.restart(self.settings.startup_timeout_seconds)
-                    tps = list(self._emit_from)
-                    for tp in tps:
-                        for rule in self._rules_for(tp[0]):
-                            rule.drop(tp)
-                        self.store.close(tp)
-                    self.checkpoint.reset()
-                    for tp in tps:
+                    if not producer_ready:
+                        await self.sink.restart(self.settings.startup_timeout_seconds)
+                        producer_ready = True
+                    assigned = set(self.source.assignment())
+                    for tp in [tp for tp in stale if tp in assigned]:
                         await self._recover(tp)
+                        stale.remove(tp)
+                    self.checkpoint.recovered()
+            except BrokerUnavailable as e:
+                if producer_ready:  # recovery waited its limit: not a retry
+                    raise
+                log.info("resume_waiting_for_broker", error=str(e))
             except Exception as e:
-                if not (broker_gone(e) or isinstance(e, BrokerUnavailable)):
+                if not broker_gone(e):
                     raise
                 log.info("resume_waiting_for_broker", error=repr(e))
-                await asyncio.sleep(_RETRY_SECONDS)
-                continue
-            log.info("resumed", partitions=len(tps))
-            return
+            else:
+                log.info("resumed", partitions=len(self._emit_from))
+                return
+            await asyncio.sleep(_RETRY_SECONDS)
+
+    def _forget_position(self, tp: TopicPartition) -> None:
+        """Drop a partition's state and read position, to be recovered from its commit."""
+        for rule in self._rules_for(tp[0]):
+            rule.drop(tp)
+            self._apply_from.pop((rule.name, tp), None)
+        self._emit_from.pop(tp, None)
+        self._next.pop(tp, None)
+        self._unsnapshotted.pop(tp, None)
+        self.store.close(tp)
 
     def _saturated(self) -> bool:
         return any(r.saturated() for r in self.rules)

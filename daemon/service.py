@@ -242,7 +242,10 @@ async def _run(
         raise
     log.info("stopping", deadline_seconds=deadline)
     ends = time.monotonic() + deadline * _GRACEFUL_SHARE
-    pending = await _shutdown(pipeline, running, ends, deadline)
+    try:
+        pending = await _shutdown(pipeline, running, ends, deadline)
+    except Exception as e:  # the loop or the final delivery failed: uncommitted, read again
+        pending = [f"the final delivery, commit and snapshots ({e!r})"]
     pending += await _close(pipeline, server, ends)
     return _stopped(pipeline, pending)
 
@@ -340,8 +343,8 @@ async def _wait_for_broker(broker: BrokerWatch, config: Config, stop: asyncio.Ev
                 raise why
             if late:
                 raise BrokerUnavailable(
-                    f"{why} (retried for {kafka.startup_timeout_seconds:g} s: "
-                    "[kafka] startup_timeout_seconds)"
+                    f"no broker at {servers} answered for {kafka.startup_timeout_seconds:g} s "
+                    f"([kafka] startup_timeout_seconds); last attempt: {why}"
                 )
         await _first(asyncio.sleep(_STARTUP_POLL_SECONDS), stop)
     return True

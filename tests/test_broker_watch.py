@@ -55,3 +55,19 @@ def test_an_outage_is_one_warning_one_info_line_and_counted(monkeypatch):
     assert logs[1]["outage_seconds"] == 7.0 and logs[1]["client_lines_suppressed"] == 3
     assert _value(metrics, "vigil_broker_unreachable_seconds_total") == 7.0
     assert watch.unreachable_for() == 0 and watch.outages == 1 and not CLIENT_LOGS.quiet
+
+
+def test_vigils_own_broker_verdicts_are_final_not_waited_out():
+    from aiokafka.errors import KafkaTimeoutError, NodeNotReadyError, UnknownTopicOrPartitionError
+
+    from vigil.connectors.kafka import broker_gone
+    from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable
+
+    assert broker_gone(NodeNotReadyError()) and broker_gone(KafkaTimeoutError())
+    assert broker_gone(ConnectionRefusedError()) and broker_gone(TimeoutError())
+    assert not broker_gone(BrokerUnavailable("gone for 60 s"))  # an OSError, yet final
+    assert not broker_gone(BrokerRejected("wrong password"))
+    assert not broker_gone(ValueError("a message too large"))
+    assert broker_gone(UnknownTopicOrPartitionError()) is bool(
+        UnknownTopicOrPartitionError.retriable
+    )

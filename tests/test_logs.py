@@ -191,3 +191,21 @@ def test_a_healthy_start_up_is_not_an_error(msg, level):
     record = _record("aiokafka.cluster", logging.ERROR, msg)
     assert f.filter(record) is (level == "INFO")  # debug is below the info threshold
     assert record.levelname == level
+
+
+def test_a_client_traceback_is_never_held_back():
+    import sys as _sys
+
+    from vigil.daemon.logs import ClientLogFilter
+
+    f = ClientLogFilter()
+    f.quiet = True
+    try:
+        raise RuntimeError("listener failed")
+    except RuntimeError:
+        info = _sys.exc_info()
+    record = logging.LogRecord(
+        "aiokafka.consumer", logging.ERROR, "", 1, "failed: %s", ("x",), info
+    )
+    assert f.filter(record) and f.filter(record)  # not quiet-counted, not rate-limited
+    assert f.take_suppressed() == 0

@@ -323,3 +323,48 @@ def test_bad_kserve_records_name_what_is_wrong(record_of, reason, error):
     with pytest.raises(BadEvent, match=error) as e:
         kserve.decode(record_of())
     assert e.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda: input_rows([_empty("x", [0, 3])], TensorSelection()), "has no values"),
+        (
+            lambda: kserve.decode(
+                Record(
+                    "t",
+                    0,
+                    0,
+                    orjson.dumps(
+                        {
+                            "specversion": "1.0",
+                            "id": "1",
+                            "type": kserve.REQUEST_TYPE,
+                            "inferenceservicename": "s",
+                            "data_base64": "not*base64",
+                        }
+                    ),
+                    None,
+                    (("content-type", b"application/cloudevents+json"),),
+                )
+            ),
+            "not base64",
+        ),
+        (
+            lambda: kserve.body_tensors(
+                {"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES", "data": [1, 2]}]},
+                "request",
+            ),
+            "BYTES data must be strings",
+        ),
+    ],
+)
+def test_malformed_values_are_bad_events_not_crashes(make, error):
+    with pytest.raises(BadEvent, match=error):
+        make()
+
+
+def _empty(name: str, shape: list[int]):
+    from vigil.connectors.serving.tensors import from_raw
+
+    return from_raw(name, "FP64", shape, b"")

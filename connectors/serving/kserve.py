@@ -9,6 +9,7 @@ protocol (``instances`` / ``predictions``).
 from __future__ import annotations
 
 import base64
+import binascii
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,11 @@ def _event(record: Record) -> tuple[dict[str, str], object]:
             raise BadEvent("schema", "neither ce_* headers nor a structured CloudEvent")
         attributes = {k: str(v) for k, v in event.items() if k not in ("data", "data_base64")}
         if "data_base64" in event:
-            return attributes, _json(base64.b64decode(event["data_base64"]), "the event's data")
+            try:
+                data = base64.b64decode(event["data_base64"], validate=True)
+            except (binascii.Error, TypeError) as e:
+                raise BadEvent("undecodable", f"data_base64 is not base64: {e}") from e
+            return attributes, _json(data, "the event's data")
         return attributes, event.get("data")
     attributes = {
         name.removeprefix("ce_"): v.decode(errors="replace")

@@ -41,6 +41,8 @@ def input_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndar
         chosen = [_named(tensors, name, "input") for name in selection.features]
     else:
         chosen = [_pick(tensors, selection.input_tensor, "input")]
+    for t in chosen:
+        _has_rows(t)
     rows = {t.rows for t in chosen}
     if len(rows) > 1:
         sizes = ", ".join(f"{t.name!r}: {t.rows}" for t in chosen)
@@ -51,7 +53,7 @@ def input_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndar
 def output_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndarray:
     """The decisions' outputs: int64 labels (an integer or categorical tensor of one column)
     or float64 probability rows (a floating tensor)."""
-    tensor = _pick(tensors, selection.output_tensor, "output")
+    tensor = _has_rows(_pick(tensors, selection.output_tensor, "output"))
     data = tensor.data.reshape(tensor.rows, -1)
     if tensor.datatype == "BYTES":
         if data.shape[1] != 1:
@@ -64,6 +66,14 @@ def output_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.nda
             )
         return data[:, 0].astype(np.int64)
     return data.astype(np.float64)
+
+
+def _has_rows(tensor: Tensor) -> Tensor:
+    if tensor.rows == 0 or tensor.data.size == 0:
+        raise BadEvent(
+            "schema", f"tensor {tensor.name!r} has no values (shape {list(tensor.shape)})"
+        )
+    return tensor
 
 
 def _pick(tensors: Sequence[Tensor], name: str | None, kind: str) -> Tensor:

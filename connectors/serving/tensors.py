@@ -155,8 +155,10 @@ def from_json(tensor: object) -> Tensor:
             f"{math.prod(shape)}",
         )
     if datatype == "BYTES":
+        if not all(isinstance(v, str) for v in flat):
+            raise BadEvent("schema", f"tensor {name!r}: BYTES data must be strings")
         data = np.empty(len(flat), dtype=object)
-        data[:] = [v.encode() if isinstance(v, str) else v for v in flat]
+        data[:] = [v.encode() for v in flat]
     else:
         try:
             dtype = "<f4" if datatype == "BF16" else FIXED[datatype]

@@ -69,6 +69,9 @@ class ServingForward(Rule):
             except BadEvent as e:
                 result.dead.append((record, e.reason, str(e)))
                 continue
+            except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+                result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
+                continue
             if key is None:
                 continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
@@ -144,6 +147,11 @@ class ServingJoin(Rule):
                 if live:
                     result.events.append(self._dead(record, record, e.reason, str(e)))
                 continue
+            except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+                if live:
+                    error = f"cannot read it: {e!r}"
+                    result.events.append(self._dead(record, record, "undecodable", error))
+                continue
             pair, expired = join.add(inference, record, record.timestamp_ms)
             if live:
                 result.events += [self._unmatched(record, e) for e in expired]
@@ -185,6 +193,8 @@ class ServingJoin(Rule):
             )
         except BadEvent as e:
             return [self._dead(record, request.record, e.reason, str(e))]
+        except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+            return [self._dead(record, request.record, "schema", f"cannot pair the rows: {e!r}")]
         model = self.config.model
         assert model is not None
         event = {"id": request.inference.request_id, "model": model, "x": x, "y": y}
