@@ -68,6 +68,7 @@ class BrokerWatch:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        CLIENT_LOGS.quiet = False  # the clients are closed by now
         try:
             async with asyncio.timeout(self._timeout):
                 await self._probe.close()

@@ -43,6 +43,13 @@ class ClientLogFilter(logging.Filter):
         self._suppressed = 0
         self._kinds: dict[tuple[str, str], tuple[float, int]] = {}  # last written, held
 
+    def reset(self) -> None:
+        """Forget what was held back and written (a process that configures its logging
+        again starts afresh)."""
+        self.quiet = False
+        self._suppressed = 0
+        self._kinds.clear()
+
     def take_suppressed(self) -> int:
         """Records held back while quiet since the last call."""
         n, self._suppressed = self._suppressed, 0
@@ -104,6 +111,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         cache_logger_on_first_use=True,
     )
     handler = _VigilHandler(sys.stderr)
+    CLIENT_LOGS.reset()
     CLIENT_LOGS.threshold = threshold
     handler.addFilter(CLIENT_LOGS)
     handler.setFormatter(
