@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from vigil.connectors.events import BadEvent
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
-from vigil.connectors.serving.tensors import (
+from vigil.connectors.serving.oip import (
     FIXED,
     from_json,
     request_tensors,

@@ -365,6 +365,6 @@ def test_malformed_values_are_bad_events_not_crashes(make, error):
 
 
 def _empty(name: str, shape: list[int]):
-    from vigil.connectors.serving.tensors import from_raw
+    from vigil.connectors.serving.oip import from_raw
 
     return from_raw(name, "FP64", shape, b"")

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vigil.connectors.events import Record
-from vigil.connectors.serving.join import Join
 from vigil.connectors.serving.message import Inference
+from vigil.daemon.join import Join
 
 
 def inference_of(record: Record) -> Inference:

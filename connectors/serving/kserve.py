@@ -17,7 +17,7 @@ import orjson
 
 from vigil.connectors.events import BadEvent, Record
 from vigil.connectors.serving.message import Inference, Role
-from vigil.connectors.serving.tensors import Tensor, from_json
+from vigil.connectors.serving.oip import Tensor, from_json
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"

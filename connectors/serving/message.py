@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vigil.connectors.serving.tensors import Tensor
+from vigil.connectors.serving.oip import Tensor
 
 Role = Literal["request", "response"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vigil.connectors.events import BadEvent
-from vigil.connectors.serving.tensors import Tensor
+from vigil.connectors.serving.oip import Tensor
 
 INTEGER_TYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")
 

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from vigil.connectors.events import BadEvent, Record
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.connectors.serving.message import Inference, Role
-from vigil.connectors.serving.tensors import from_json, request_tensors, response_tensors
+from vigil.connectors.serving.oip import from_json, request_tensors, response_tensors
 
 ERROR_HEADER = "seldon-pipeline-errors"
 TYPE_HEADER = "seldon-infer-type"

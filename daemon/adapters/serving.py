@@ -32,13 +32,13 @@ from vigil.connectors.events import (
     now_iso,
 )
 from vigil.connectors.serving import kserve, seldon
-from vigil.connectors.serving.join import Expired, Join, Waiting
 from vigil.connectors.serving.message import Inference
 from vigil.connectors.serving.rows import TensorSelection, decision_rows
 from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StatePart
 from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
 from vigil.daemon.config import IorRuleConfig, ReachRuleConfig, SeldonConfig, ServingKeys
+from vigil.daemon.join import Expired, Join, Waiting
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
 _BATCH = ((BATCH_HEADER, b"1"),)
