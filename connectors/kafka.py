@@ -333,16 +333,12 @@ class KafkaSink:
     async def _send_all(self, messages: list[OutMessage]) -> None:
         send = self._producer.send
         futures = [
-            await (
-                send(m.topic, m.value, key=m.key)
-                if not m.headers and m.timestamp_ms is None
-                else send(
-                    m.topic,
-                    m.value,
-                    key=m.key,
-                    headers=list(m.headers),
-                    timestamp_ms=m.timestamp_ms,
-                )
+            await send(
+                m.topic,
+                m.value,
+                key=m.key,
+                headers=list(m.headers) if m.headers else None,  # the record builder takes lists
+                timestamp_ms=m.timestamp_ms,
             )
             for m in messages
         ]

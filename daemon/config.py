@@ -25,6 +25,7 @@ from pydantic.fields import FieldInfo
 
 from vigil.connectors.kafka import PARTITION_FETCH_BYTES
 from vigil.connectors.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity
+from vigil.connectors.serving import seldon
 from vigil.daemon.offload import INSTALL_DASK, scheduler_address
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.reach.online import Accelerations
@@ -345,8 +346,8 @@ class SeldonConfig(_Section):
     def topics(self, rule: ServingKeys) -> tuple[str, str]:
         """A seldon rule's inputs and outputs topics."""
         assert rule.model is not None
-        base = f"{self.prefix}.{rule.seldon_namespace or self.namespace}.{rule.seldon_kind}"
-        return f"{base}.{rule.model}.inputs", f"{base}.{rule.model}.outputs"
+        namespace = rule.seldon_namespace or self.namespace
+        return seldon.topics(self.prefix, namespace, rule.seldon_kind, rule.model)
 
 
 class LoggingConfig(_Section):

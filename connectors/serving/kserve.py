@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ def decode(record: Record) -> Inference:
     """The request or response CloudEvent in ``record``; its ``model`` is the
     InferenceService that logged it."""
     attributes, body = _event(record)
+    event_id, service = _identity(attributes)
     kind = attributes.get("type")
     if kind == REQUEST_TYPE:
         role: Role = "request"
@@ -38,17 +40,28 @@ def decode(record: Record) -> Inference:
         raise BadEvent(
             "schema", f"CloudEvent type {kind!r} is not an inference request or response"
         )
+    return Inference(event_id, event_id, role, service, body_tensors(body(), role))
+
+
+def identify(record: Record) -> tuple[str, str]:
+    """The event id and InferenceService of ``record``, its body left unread (in binary
+    mode the headers carry them)."""
+    attributes, _ = _event(record)
+    return _identity(attributes)
+
+
+def _identity(attributes: dict[str, str]) -> tuple[str, str]:
     event_id = attributes.get("id")
     if not event_id:
         raise BadEvent("schema", "a CloudEvent without an id cannot be paired")
     service = attributes.get(SERVICE)
     if not service:
         raise BadEvent("schema", f"the CloudEvent lacks the {SERVICE} extension")
-    return Inference(event_id, event_id, role, service, body_tensors(body, role))
+    return event_id, service
 
 
-def _event(record: Record) -> tuple[dict[str, str], object]:
-    """The event's attributes and its parsed body, in either content mode."""
+def _event(record: Record) -> tuple[dict[str, str], Callable[[], object]]:
+    """The event's attributes, and what reads its body, in either content mode."""
     value = record.value or b""
     content_type = record.header("content-type") or b""
     if record.header("ce_specversion") is None or content_type.startswith(STRUCTURED):
@@ -57,18 +70,21 @@ def _event(record: Record) -> tuple[dict[str, str], object]:
             raise BadEvent("schema", "neither ce_* headers nor a structured CloudEvent")
         attributes = {k: str(v) for k, v in event.items() if k not in ("data", "data_base64")}
         if "data_base64" in event:
-            try:
-                data = base64.b64decode(event["data_base64"], validate=True)
-            except (binascii.Error, TypeError) as e:
-                raise BadEvent("undecodable", f"data_base64 is not base64: {e}") from e
-            return attributes, _json(data, "the event's data")
-        return attributes, event.get("data")
+            return attributes, lambda: _json(_base64(event["data_base64"]), "the event's data")
+        return attributes, lambda: event.get("data")
     attributes = {
         name.removeprefix("ce_"): v.decode(errors="replace")
         for name, v in record.headers
         if name.startswith("ce_")
     }
-    return attributes, _json(value, "the event's body")
+    return attributes, lambda: _json(value, "the event's body")
+
+
+def _base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, TypeError) as e:
+        raise BadEvent("undecodable", f"data_base64 is not base64: {e}") from e
 
 
 def _json(value: bytes, what: str) -> Any:

@@ -29,11 +29,6 @@ class TensorSelection:
     features: tuple[str, ...] | None = None
     categories: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
-    def width(self, tensor: str) -> int | None:
-        """Columns a categorical tensor takes (None: not categorical)."""
-        values = self.categories.get(tensor)
-        return None if values is None else len(values)
-
 
 def input_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndarray:
     """The decisions' inputs, one float64 row per request row."""

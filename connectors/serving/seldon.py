@@ -78,15 +78,21 @@ def _zigzag(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
+def join_key(record: Record) -> bytes:
+    """What pairs a request with its response: the record key the two share, or without
+    one the ``x-request-id`` header."""
+    if record.key:
+        return record.key
+    header = record.header(REQUEST_ID_HEADER)
+    if header is None:
+        raise BadEvent("schema", "no record key and no x-request-id header: cannot pair it")
+    return header
+
+
 def decode(record: Record, model: str) -> Inference:
     """The request or response in ``record`` (which by its topic, unless its
     ``seldon-infer-type`` header says it holds a response), for ``model``."""
-    key = record.key.decode(errors="replace") if record.key else None
-    if key is None:
-        header = record.header(REQUEST_ID_HEADER)
-        if header is None:
-            raise BadEvent("schema", "no record key and no x-request-id header: cannot pair it")
-        key = header.decode(errors="replace")
+    key = join_key(record).decode(errors="replace")
     role = role_of(record.topic)
     value = record.value or b""
     error = record.header(ERROR_HEADER)

@@ -89,15 +89,11 @@ class ServingForward(Rule):
         return result
 
     def _join_key(self, record: Record) -> bytes | None:
+        """The pairing key, or None for another InferenceService's event."""
         if self.config.format == "seldon":
-            if record.key:
-                return record.key
-            header = record.header(seldon.REQUEST_ID_HEADER)
-            if header is None:
-                raise BadEvent("schema", "no record key and no x-request-id header: cannot pair")
-            return header
-        inference = kserve.decode(record)
-        return inference.join_key.encode() if inference.model == self.config.model else None
+            return seldon.join_key(record)
+        event_id, service = kserve.identify(record)
+        return event_id.encode() if service == self.config.model else None
 
 
 class ServingJoin(Rule):
