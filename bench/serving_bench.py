@@ -1,7 +1,7 @@
 """Daemon throughput on a serving stack's own traffic beside Vigil JSON, in one run.
 
     bash ops/kafka/dev-kafka.sh start
-    python bench/serving_bench.py [--bootstrap 127.0.0.1:9092] [--n 20000] [--repeats 3]
+    python bench/serving_bench.py [--bootstrap 127.0.0.1:9092] [--n 100000] [--repeats 3]
 
 The same N decisions are produced first, as
 - Vigil JSON decision events (one record each), checked by an i.o.r. rule;
@@ -107,7 +107,7 @@ async def run(args, fmt: str, x: np.ndarray, y: np.ndarray) -> tuple[float, floa
 async def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
-    p.add_argument("--n", type=int, default=20_000)
+    p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     x, y, name = stream(args.n)

@@ -265,6 +265,13 @@ any wait only delays the acknowledgement the commit waits for: 5 ms had been add
 every delivery (bench/pipeline_bench.py at 10,000 decisions/s: p50 22 -> 12 ms
 at-least-once, 38 -> 26 ms exactly-once)."""
 
+BATCH_BYTES = 512 << 10
+"""How many bytes of one partition's messages the producer sends as one batch. The client's
+16 KiB default holds about two forwarded 32-row requests; a full batch makes the next
+append wait for a round trip to the broker, so a delivery of thousands took a second
+(bench/serving_bench.py, requests of 32 rows). Below the broker's default record-batch
+limit of 1 MiB."""
+
 
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
@@ -299,6 +306,7 @@ class KafkaSink:
             acks="all",
             transactional_id=self._transactional_id,
             linger_ms=LINGER_MS,
+            max_batch_size=BATCH_BYTES,
             retry_backoff_ms=self._backoff_ms,
         )
 
