@@ -15,19 +15,11 @@ from aiokafka.abc import AbstractTokenProvider
 from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
 
+from vigil.connectors.errors import BrokerRejected, BrokerUnavailable
+
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 _HOSTNAME_MISMATCH = 62  # X509_V_ERR_HOSTNAME_MISMATCH
-
-
-class BrokerUnavailable(ConnectionError):
-    """No broker answered at the configured address (a later retry may succeed)."""
-
-
-class BrokerRejected(ConnectionError):
-    """A broker answered but the connection's security settings do not fit it: wrong
-    credentials, an untrusted certificate, TLS spoken to a plaintext port or the reverse.
-    Retrying will not help; the configuration must change."""
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,14 @@ def kafka_security() -> dict[str, str]:
         pytest.skip(f"{path} absent: the dev broker running predates its secured listeners")
     with open(path) as f:
         return json.load(f)
+
+
+ACASXU = SHARED_DATA / "acasxu"
+
+
+@pytest.fixture(scope="session")
+def acasxu() -> Path:
+    """The VNN-COMP ACAS Xu benchmark folder (45 networks, 10 properties)."""
+    if not (ACASXU / "acasxu_instances.csv").exists():
+        pytest.skip(f"shared data absent: {ACASXU}")
+    return ACASXU

@@ -16,15 +16,15 @@ from scipy.spatial.distance import pdist
 from vigil.rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
 from vigil.rules.certify.batch.baverly import BatchVerifier, Stats, verify_one_by_one
 from vigil.rules.certify.batch.clustering import BatchTree, activation_patterns
-from vigil.rules.certify.batch.encoding import (
+from vigil.rules.certify.batch.mipverify import Outcome, ball_box, prefix_bounds, verify_ball
+from vigil.rules.reach.network import Network
+from vigil.rules.relu_milp import (
     BOUND_SLACK,
     Layer,
     ReluModel,
     Solver,
     VerificationError,
 )
-from vigil.rules.certify.batch.mipverify import Outcome, ball_box, prefix_bounds, verify_ball
-from vigil.rules.reach.network import Network
 
 SOLVER_TOL = 1e-7
 """HiGHS's default primal and dual feasibility tolerance."""

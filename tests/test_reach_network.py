@@ -103,15 +103,17 @@ def test_unsupported_operators_are_named():
         Network.from_onnx(model)
 
 
-def test_branching_graphs_are_rejected():
+def test_branching_graphs_load():
     nodes = [
         helper.make_node("Gemm", ["x", "w", "b"], ["z"]),
         helper.make_node("Relu", ["z"], ["h"]),
         helper.make_node("Add", ["h", "z"], ["y"], name="skip"),
     ]
-    model = graph_model(nodes, {"w": np.ones((2, 2)), "b": np.zeros(2)}, 2, 2)
-    with pytest.raises(UnsupportedModel, match=r"'skip'.*single data path"):
-        Network.from_onnx(model)
+    w = np.array([[1.0, -2.0], [0.5, 1.0]])
+    network, _ = load_checked(graph_model(nodes, {"w": w, "b": np.zeros(2)}, 2, 2))
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    z = x @ w
+    np.testing.assert_allclose(network.forward(x), np.maximum(z, 0) + z, atol=1e-6)
 
 
 def test_onnxruntime_disagreement_is_reported(tmp_path):

@@ -15,9 +15,7 @@ import pkgutil
 import sys
 
 from vigil import __version__
-from vigil.connectors.csv_source import StreamFormatError
-from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable
-from vigil.rules.ior import InvalidDecision
+from vigil.connectors.errors import BrokerRejected, BrokerUnavailable
 
 GROUPS = {
     "verify": "verify a network (reachability, mini-batch MILP robustness)",
@@ -25,7 +23,10 @@ GROUPS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, when ``argv`` names one, of that command alone: a
+    command imports only what it runs (``vigil verify vnnlib`` starts without the daemon's
+    Kafka, BDD and index libraries)."""
     parser = argparse.ArgumentParser(prog="vigil", description="Runtime assurance of AI models.")
     parser.add_argument("--version", action="version", version=f"vigil {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,10 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = sorted(
         info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")
     )
-    for name in commands:
+    named = _named(argv or [])
+    for name in [named] if named in commands else commands:
         module = importlib.import_module(f"{__name__}.{name}")
         module.register(groups[module.GROUP])
     return parser
+
+
+def _named(argv: list[str]) -> str:
+    """The module of the command ``argv`` names (``verify vnnlib`` -> ``verify_vnnlib``)."""
+    words = [w.replace("-", "_") for w in argv[:2]]
+    if words and words[0] in GROUPS:
+        return "_".join(words)
+    return words[0] if words else ""
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -48,13 +58,14 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     # a failed Kafka connection is our one error line, not also aiokafka's unconfigured log
     # lines (with `vigil run`'s logging configured they still reach the log)
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())
     try:
         return args.handler(args)
-    except (StreamFormatError, InvalidDecision, ValueError, BrokerRejected) as e:
+    except (ValueError, BrokerRejected) as e:  # StreamFormatError, InvalidDecision too
         print(f"vigil {_command(args)}: error: {e}", file=sys.stderr)
         return 2
     except BrokerUnavailable as e:  # not the configuration's fault: a supervisor retries

@@ -1,4 +1,8 @@
-"""Argument types and readers the commands share; each names the flag in its errors."""
+"""Argument types and readers the commands share; each names the flag in its errors.
+
+The checkers behind ``backend`` and ``scheduler`` are imported when those types are used,
+so a command that takes neither starts without the monitor's and the cluster's libraries.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-
-from vigil.daemon.offload import scheduler_address
-from vigil.rules.ior.backends import parse_backend
 
 
 def load_npy(path: Path, flag: str) -> np.ndarray:
@@ -45,6 +46,8 @@ def seed(text: str) -> int:
 
 def backend(text: str) -> str:
     """An argparse type: a monitor backend spec (``auto``, ``parallel:4``, ...)."""
+    from vigil.rules.ior.backends import parse_backend
+
     try:
         parse_backend(text)
     except ValueError as e:
@@ -77,6 +80,8 @@ def threshold(text: str) -> float:
 
 def scheduler(text: str) -> str:
     """An argparse type: a Dask scheduler address, ``tcp://HOST:PORT``."""
+    from vigil.daemon.offload import scheduler_address
+
     try:
         return scheduler_address(text)
     except ValueError as e:

@@ -15,8 +15,10 @@ import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
-OUTPUT_ACTIVATIONS = ("none", "sigmoid", "softmax")
-_PASS_THROUGH = {"Flatten", "Identity", "Dropout"}
+from vigil.rules.graph import UnsupportedModel, import_graph
+from vigil.rules.graph.importer import OUTPUT_HEADS
+
+OUTPUT_ACTIVATIONS = OUTPUT_HEADS
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -26,10 +28,6 @@ def _frozen(a: np.ndarray) -> np.ndarray:
         a = a.copy()
         a.flags.writeable = False
     return a
-
-
-class UnsupportedModel(ValueError):
-    """The ONNX graph is not a feed-forward ReLU network this module can load."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,8 @@ class Network:
 
     @classmethod
     def from_onnx(cls, source: bytes | str | Path) -> Network:
-        """Load Gemm / MatMul+Add / Relu / Flatten / Identity chains; name anything else."""
+        """The ReLU network an ONNX graph computes (``vigil.rules.graph``); an operator it
+        cannot read is named in ``UnsupportedModel``."""
         try:
             model = (
                 onnx.load_model_from_string(source)
@@ -84,7 +83,8 @@ class Network:
             )
         except DecodeError as e:
             raise UnsupportedModel(f"not an ONNX model: the protobuf does not parse ({e})") from e
-        return _parse(model.graph)
+        imported = import_graph(model)
+        return cls.from_arrays(imported.layers, imported.output)
 
     @property
     def input_dim(self) -> int:
@@ -176,12 +176,23 @@ class OnnxRunner:
         self._name = inp.name
         self._dtype = np.float64 if inp.type == "tensor(double)" else np.float32
         self._shape = [d if isinstance(d, int) else -1 for d in inp.shape[1:]]
+        # a model exported for one input at a time (VNN-COMP's): run the rows one by one
+        self._single = len(inp.shape) > 1 and inp.shape[0] == 1
+        if len(inp.shape) == 1:
+            self._single, self._shape = True, []
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         batch = np.asarray(x, dtype=self._dtype)
-        batch = batch.reshape([batch.shape[0], *self._shape])
+        n = batch.shape[0]
+        if self._single:
+            shape = [1, *self._shape] if self._shape else [-1]
+            out = [self._run(row.reshape(shape)) for row in batch]
+            return np.asarray(out, dtype=np.float64).reshape(n, -1)
+        return self._run(batch.reshape([n, *self._shape])).reshape(n, -1)
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
         (out,) = self._session.run(None, {self._name: batch})
-        return np.asarray(out, dtype=np.float64).reshape(batch.shape[0], -1)
+        return np.asarray(out, dtype=np.float64)
 
 
 def check_agreement(
@@ -214,89 +225,3 @@ def load_checked(source: bytes | str | Path, seed: int = 0) -> tuple[Network, On
     probe = np.random.default_rng(seed).uniform(-1.0, 1.0, size=(32, network.input_dim))
     check_agreement(network, runner, probe)
     return network, runner
-
-
-def _parse(graph: onnx.GraphProto) -> Network:
-    inits = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant":
-            inits[node.output[0]] = numpy_helper.to_array(node.attribute[0].t).astype(np.float64)
-    inputs = [i for i in graph.input if i.name not in inits]
-    if len(inputs) != 1:
-        raise UnsupportedModel(f"expected one graph input, found {[i.name for i in inputs]}")
-    dims = inputs[0].type.tensor_type.shape.dim[1:]
-    if any(not d.HasField("dim_value") for d in dims):
-        raise UnsupportedModel(f"input {inputs[0].name!r} needs fixed non-batch dimensions")
-    width = int(np.prod([d.dim_value for d in dims]))
-
-    layers: list[tuple[np.ndarray, np.ndarray]] = []
-    pending: tuple[np.ndarray, np.ndarray] | None = None  # affine map since the last ReLU
-    output = "none"
-    current = inputs[0].name
-
-    def affine(w: np.ndarray, b: np.ndarray) -> None:
-        nonlocal pending, width
-        if w.shape[1] != width:
-            raise UnsupportedModel(f"node {name!r}: expects {w.shape[1]} inputs, gets {width}")
-        pending = (w, b) if pending is None else (w @ pending[0], w @ pending[1] + b)
-        width = w.shape[0]
-
-    for node in graph.node:
-        if node.op_type == "Constant":
-            continue
-        name = node.name or node.op_type
-        data = [i for i in node.input if i and i not in inits]
-        if data != [current]:
-            raise UnsupportedModel(
-                f"node {name!r} ({node.op_type}) does not continue the single data path"
-            )
-        if output != "none":
-            raise UnsupportedModel(f"node {name!r} ({node.op_type}) follows the output activation")
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        op = node.op_type
-        if op == "Gemm":
-            if attrs.get("transA", 0):
-                raise UnsupportedModel(f"node {name!r}: Gemm with transA is not supported")
-            b_mat = inits[node.input[1]]
-            w = b_mat if attrs.get("transB", 0) else b_mat.T
-            w = attrs.get("alpha", 1.0) * w
-            c = inits.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-            bias = np.zeros(w.shape[0]) if c is None else attrs.get("beta", 1.0) * c
-            affine(w, np.broadcast_to(bias.reshape(-1), (w.shape[0],)).copy())
-        elif op == "MatMul":
-            if node.input[0] != current:
-                raise UnsupportedModel(
-                    f"node {name!r}: MatMul must multiply the data from the left"
-                )
-            w = inits[node.input[1]].T
-            affine(w, np.zeros(w.shape[0]))
-        elif op in ("Add", "Sub"):
-            const = next(i for i in node.input if i in inits)
-            c = np.broadcast_to(inits[const].reshape(-1), (width,)).copy()
-            if op == "Sub" and node.input[0] != current:
-                raise UnsupportedModel(f"node {name!r}: only data - constant is supported")
-            affine(np.eye(width), -c if op == "Sub" else c)
-        elif op == "Relu":
-            if pending is None:
-                raise UnsupportedModel(f"node {name!r}: Relu without a preceding linear layer")
-            layers.append(pending)
-            pending = None
-        elif op in ("Sigmoid", "Softmax"):
-            if op == "Softmax" and attrs.get("axis", -1) not in (1, -1):
-                raise UnsupportedModel(f"node {name!r}: Softmax must act on the feature axis")
-            output = op.lower()
-        elif op in _PASS_THROUGH:
-            pass
-        else:
-            raise UnsupportedModel(
-                f"node {name!r}: operator {op} is not supported "
-                "(Gemm, MatMul, Add, Sub, Relu, Flatten, Identity, Dropout, Sigmoid, Softmax)"
-            )
-        current = node.output[0]
-
-    if pending is None:  # the graph ends in a ReLU (or has no layer at all)
-        if not layers:
-            raise UnsupportedModel("the graph holds no linear layer")
-        pending = (np.eye(width), np.zeros(width))
-    layers.append(pending)
-    return Network.from_arrays(layers, output)

@@ -1,7 +1,6 @@
 """Complete L-inf robustness verification of many inputs: BaVerLy mini-batches over HiGHS MILPs,
 and the one-by-one MIPVerify-style baseline."""
 
-from vigil.rules.certify.batch.encoding import BOUNDS, Solver, VerificationError
 from vigil.rules.certify.batch.runner import (
     METHODS,
     SIZERS,
@@ -9,6 +8,7 @@ from vigil.rules.certify.batch.runner import (
     Report,
     verify_inputs,
 )
+from vigil.rules.relu_milp import BOUNDS, Solver, VerificationError
 
 __all__ = [
     "BOUNDS",

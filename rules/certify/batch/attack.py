@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vigil.rules.certify.batch.encoding import Layer
 from vigil.rules.reach.network import Network
+from vigil.rules.relu_milp import Layer
 
 
 def _margin_gradient(network: Network, x: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,13 +15,6 @@ import numpy as np
 
 from vigil.rules.certify.batch.bandit import RandomSizer, SplitChooser, ThompsonSizer
 from vigil.rules.certify.batch.clustering import BatchTree, activation_patterns
-from vigil.rules.certify.batch.encoding import (
-    Layer,
-    ReluModel,
-    Solver,
-    VerificationError,
-    interval_layer,
-)
 from vigil.rules.certify.batch.mipverify import (
     Check,
     Outcome,
@@ -33,6 +26,13 @@ from vigil.rules.certify.batch.mipverify import (
     verify_ball,
 )
 from vigil.rules.reach.network import Network
+from vigil.rules.relu_milp import (
+    Layer,
+    ReluModel,
+    Solver,
+    VerificationError,
+    interval_layer,
+)
 
 Progress = Callable[[int], None]
 """Told how many more balls got a verdict."""

@@ -23,8 +23,8 @@ import base64
 import binascii
 import math
 
-from vigil.rules.certify.batch.encoding import BOUNDS, DEFAULT_BOUND_TIME, Solver
 from vigil.rules.certify.batch.runner import InvalidBatchInput, InvalidModel, verify_inputs
+from vigil.rules.relu_milp import BOUNDS, DEFAULT_BOUND_TIME, Solver
 
 
 def _number(request: dict, key: str) -> float:

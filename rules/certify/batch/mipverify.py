@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from vigil.rules.certify.batch.attack import pgd_attack
-from vigil.rules.certify.batch.encoding import (
+from vigil.rules.reach.network import Network
+from vigil.rules.relu_milp import (
     DEFAULT_SOLVER,
     Layer,
     ReluModel,
     Solver,
     interval_layer,
 )
-from vigil.rules.reach.network import Network
 
 Check = Callable[[np.ndarray], bool]
 """Does the reference model (onnxruntime) misclassify this input?"""

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vigil.rules.certify.batch.baverly import BatchVerifier, Progress, Stats, verify_one_by_one
-from vigil.rules.certify.batch.encoding import DEFAULT_SOLVER, Solver, VerificationError
 from vigil.rules.certify.batch.mipverify import ball_box
 from vigil.rules.reach.network import Network, OnnxRunner, load_checked
+from vigil.rules.relu_milp import DEFAULT_SOLVER, Solver, VerificationError
 
 METHODS = ("baverly", "one-by-one")
 SIZERS = ("thompson", "random")

@@ -3,8 +3,9 @@
 One model serves three purposes in turn: it tightens the next layer's bounds (by its LP
 relaxation, where the big-M ReLU encoding with continuous indicators is the triangle
 relaxation, or by the MILP itself), the same model with integral indicators is the exact
-MILP, and the adversarial rows turn it into the robustness query. Stable ReLUs get no
-indicator, inactive ones no column at all.
+MILP, and the adversarial rows turn it into the robustness query (mini-batch
+verification) or the output rows into a VNN-LIB unsafe region (the complete search's
+finisher). Stable ReLUs get no indicator, inactive ones no column at all.
 """
 
 from __future__ import annotations
@@ -338,6 +339,12 @@ class ReluModel:
             lower.append(floor - diff_b[j])
             upper.append(INF)
         self._rows(lower, upper, rows)
+
+    def add_output_rows(self, w: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> None:
+        """The outputs y = W a + b of the current layer constrained to C y <= d."""
+        wa, off = self.affine(w, b)
+        coef = c @ wa
+        self._rows([-INF] * len(d), list(d - c @ off), [(self.current, row) for row in coef])
 
     def solve_milp(self) -> np.ndarray | None:
         """A feasible point of the MILP (all columns), or None when it is infeasible."""

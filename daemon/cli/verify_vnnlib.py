@@ -1,0 +1,91 @@
+"""``vigil verify vnnlib``: a VNN-LIB property on an ONNX network, decided as VNN-COMP asks
+(``sat`` with a counterexample, ``unsat``, ``unknown`` or ``timeout``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from vigil.daemon.cli._args import out_path
+from vigil.rules.reach.complete import Verdict, verify
+from vigil.rules.reach.network import load_checked
+from vigil.rules.reach.vnnlib import read_query
+
+GROUP = "verify"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "vnnlib",
+        help="decide a VNN-LIB property (1.0 or 2.0) on an ONNX network",
+        description="Is there an input in the property's box whose output lies in its unsafe "
+        "region? Prints one JSON line (result: sat, unsat, unknown or timeout) and, with "
+        "--out, writes the VNN-COMP result file.",
+    )
+    p.add_argument("model", type=Path, metavar="MODEL.onnx")
+    p.add_argument("spec", type=Path, metavar="SPEC.vnnlib", help=".vnnlib or .vnnlib.gz")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds for the whole run (default 300)"
+    )
+    p.add_argument("--out", type=out_path, metavar="RESULT", help="VNN-COMP result file")
+    p.set_defaults(handler=run)
+
+
+def solve(model: Path, spec: Path, timeout: float, started: float) -> Verdict:
+    """Load, check and decide; the time already spent counts against ``timeout``."""
+    if not timeout > 0:
+        raise ValueError(f"--timeout must be positive, got {timeout}")
+    if not model.is_file():
+        raise ValueError(f"{model}: no such file")
+    query = read_query(spec)
+    network, runner = load_checked(model)
+    if query.inputs != network.input_dim or query.outputs != network.output_dim:
+        raise ValueError(
+            f"{spec.name} is over {query.inputs} inputs and {query.outputs} outputs, "
+            f"{model.name} has {network.input_dim} and {network.output_dim}"
+        )
+    left = timeout - (time.monotonic() - started)
+
+    def progress(stats: dict[str, int]) -> None:
+        print(f"vigil verify vnnlib: {orjson.dumps(stats).decode()}", file=sys.stderr)
+
+    verdict = verify(network, query, runner, timeout=max(left, 0.0), progress=progress)
+    verdict.seconds = time.monotonic() - started
+    return verdict
+
+
+def result_file(verdict: Verdict) -> str:
+    """The VNN-COMP result: the verdict, then for ``sat`` the assignment of every X_i and
+    Y_j (X in the flattened row-major order of the ONNX input)."""
+    lines = [verdict.result]
+    if verdict.result == "sat":
+        assert verdict.x is not None and verdict.y is not None
+        values = [("X", v) for v in verdict.x] + [("Y", v) for v in verdict.y]
+        counts = {"X": 0, "Y": 0}
+        pairs = []
+        for kind, value in values:
+            pairs.append(f"({kind}_{counts[kind]} {float(value)!r})")
+            counts[kind] += 1
+        lines.append("(" + "\n ".join(pairs) + ")")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    verdict = solve(args.model, args.spec, args.timeout, started)
+    out: dict[str, object] = {
+        "result": verdict.result,
+        "seconds": round(verdict.seconds, 4),
+        **verdict.stats,
+    }
+    if verdict.result == "sat":
+        assert verdict.x is not None and verdict.y is not None
+        out["counterexample"] = {"x": verdict.x.tolist(), "y": verdict.y.tolist()}
+    print(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    if args.out is not None:
+        args.out.write_text(result_file(verdict))
+    return 0

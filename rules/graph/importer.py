@@ -1,0 +1,165 @@
+"""ONNX graph -> a chain of affine layers with ReLUs between them (what every verifier takes).
+
+The graph is walked in its (topological) node order with one converter per operator
+(``ops.CONVERTERS``). Every data tensor is kept as an affine function of the neurons of the
+layer being built; a ReLU closes that layer. A tensor still needed after the ReLU (a
+residual branch) is carried through it exactly: a neuron after an earlier ReLU is
+non-negative, so its ReLU is itself; a network input ``x`` is carried as ``relu(x)`` and
+``relu(-x)``. So graphs with skip connections, convolutions and normalisations become the
+same ``(W_i, b_i)`` chain, and the chain computes what the graph computes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from vigil.rules.graph.ops import CONVERTERS, Node
+from vigil.rules.graph.values import Affine, UnsupportedModel, Value
+
+OUTPUT_HEADS = ("none", "sigmoid", "softmax")
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A graph as layers ``(W (out, in), b)``, its output head, and its input's name and
+    shape (batch dimension included, as declared)."""
+
+    layers: list[tuple[np.ndarray, np.ndarray]]
+    output: str
+    input_name: str
+    input_shape: tuple[int | str, ...]
+
+
+def import_graph(model: onnx.ModelProto) -> Imported:
+    """The network an ONNX model computes; ``UnsupportedModel`` names what it cannot read."""
+    graph = model.graph
+    consts = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in consts]  # weights listed as inputs too
+    if len(inputs) != 1:
+        raise UnsupportedModel(f"expected one graph input, found {[i.name for i in inputs]}")
+    if len(graph.output) != 1:
+        raise UnsupportedModel(f"expected one graph output, found {len(graph.output)}")
+    declared = _shape(inputs[0])
+    builder = _Builder(declared, graph, consts)
+    builder.env[inputs[0].name] = builder.input_value()
+    for index, proto in enumerate(graph.node):
+        builder.convert(proto, proto.name or f"#{index}")
+    result = builder.env.get(graph.output[0].name)
+    if not isinstance(result, Affine):
+        raise UnsupportedModel("the graph output does not depend on its input")
+    return Imported(builder.finish(result), builder.output, inputs[0].name, declared)
+
+
+class _Builder:
+    """The chain built so far, the tensors of the graph, and how often each is still used."""
+
+    def __init__(
+        self, shape: tuple[int | str, ...], graph: onnx.GraphProto, consts: dict[str, np.ndarray]
+    ) -> None:
+        self.shape = tuple(d if isinstance(d, int) else 1 for d in shape)
+        self.layers: list[tuple[np.ndarray, np.ndarray]] = []
+        self.output = "none"
+        self.env: dict[str, Value] = dict(consts)
+        self.uses = Counter(i for n in graph.node for i in n.input if i)
+        self.uses.update(o.name for o in graph.output)
+
+    def input_value(self) -> Affine:
+        width = int(np.prod(self.shape))
+        return Affine(np.eye(width).reshape(width, *self.shape), np.zeros(self.shape))
+
+    def convert(self, proto: onnx.NodeProto, name: str) -> None:
+        if self.output != "none":
+            raise UnsupportedModel(f"node {name!r} ({proto.op_type}) follows the output activation")
+        converter = CONVERTERS.get(proto.op_type)
+        if converter is None:
+            raise UnsupportedModel(
+                f"node {name!r}: operator {proto.op_type} is not supported "
+                f"(supported: {', '.join(sorted(CONVERTERS))})"
+            )
+        missing = [i for i in proto.input if i and i not in self.env]
+        if missing:
+            raise UnsupportedModel(f"node {name!r} ({proto.op_type}): unknown input {missing[0]!r}")
+        attrs = {a.name: _attribute(a) for a in proto.attribute}
+        node = Node(proto.op_type, name, [self.env[i] if i else None for i in proto.input], attrs)
+        for i in proto.input:
+            if i:
+                self.uses[i] -= 1
+        try:
+            out = converter(node, self)
+        except UnsupportedModel:
+            raise
+        except (ValueError, IndexError, KeyError) as e:
+            raise node.fail(f"cannot apply it: {e}") from e
+        for i in proto.input:
+            if i and self.uses[i] <= 0:
+                self.env.pop(i, None)
+        self.env[proto.output[0]] = out
+
+    def relu(self, node: Node, value: Value) -> Value:
+        if not isinstance(value, Affine):
+            return np.maximum(value, 0.0)
+        return self._close_layer(value)
+
+    def head(self, node: Node, value: Value, kind: str) -> Value:
+        self.output = kind
+        return value
+
+    def finish(self, value: Affine) -> list[tuple[np.ndarray, np.ndarray]]:
+        w = value.coef.reshape(value.neurons, -1).T
+        return [*self.layers, (w, value.offset.reshape(-1))]
+
+    def _close_layer(self, value: Affine) -> Affine:
+        """ReLU of ``value`` as a new layer; the tensors used later are carried through it
+        and re-expressed over the new layer's neurons."""
+        later = [k for k, v in self.env.items() if isinstance(v, Affine) and self.uses[k] > 0]
+        n, m = value.neurons, int(np.prod(value.shape))
+        used = np.zeros(n, dtype=bool)
+        for k in later:
+            used |= np.any(self.env[k].coef.reshape(n, -1) != 0, axis=1)
+        cols = np.flatnonzero(used)
+        signed = not self.layers  # the network input may be negative: x = relu(x) - relu(-x)
+        pick = np.eye(n)[cols]
+        w = np.vstack([value.coef.reshape(n, m).T, pick, *([-pick] if signed else [])])
+        self.layers.append((w, np.concatenate([value.offset.reshape(m), np.zeros(len(w) - m)])))
+        width = len(w)
+        for k in later:
+            v = self.env[k]
+            old = v.coef.reshape(n, -1)[cols]
+            coef = np.zeros((width, old.shape[1]))
+            coef[m : m + cols.size] = old
+            if signed:
+                coef[m + cols.size :] = -old
+            self.env[k] = Affine(coef.reshape(width, *v.shape), v.offset)
+        out = np.zeros((width, m))
+        out[:m] = np.eye(m)
+        return Affine(out.reshape(width, *value.shape), np.zeros(value.shape))
+
+
+def _shape(info: onnx.ValueInfoProto) -> tuple[int | str, ...]:
+    """An input's declared shape; every dimension but a leading batch one must be fixed."""
+    dims = info.type.tensor_type.shape.dim
+    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
+    if any(not isinstance(d, int) for d in shape[1:]):
+        raise UnsupportedModel(f"input {info.name!r} needs fixed non-batch dimensions, has {shape}")
+    if not shape:
+        raise UnsupportedModel(f"input {info.name!r} has no shape")
+    if len(shape) > 1 and isinstance(shape[0], int) and shape[0] != 1:
+        raise UnsupportedModel(
+            f"input {info.name!r} has a fixed batch dimension of {shape[0]}; 1 or a free one "
+            "is accepted"
+        )
+    return shape
+
+
+def _attribute(a: onnx.AttributeProto):
+    value = helper.get_attribute_value(a)
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    return value

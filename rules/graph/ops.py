@@ -1,0 +1,296 @@
+"""One converter per ONNX operator family, registered in ``CONVERTERS``.
+
+A converter gets the node (its input values, attributes and name) and the builder of the
+network, and returns the node's output value. Piecewise-linear operators only: linear maps
+act on ``Affine`` coefficients as on a batch (``values.linear``), ReLU and the output head
+are the builder's, and a product of two data tensors is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from vigil.rules.graph.values import Affine, UnsupportedModel, Value, add, lift, linear, scale
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node to convert: its operator, name, input values (None where omitted) and
+    attributes."""
+
+    op: str
+    name: str
+    inputs: list[Value | None]
+    attrs: dict[str, Any]
+
+    def fail(self, why: str) -> UnsupportedModel:
+        return UnsupportedModel(f"node {self.name!r} ({self.op}): {why}")
+
+    def const(self, i: int, what: str) -> np.ndarray:
+        """Input ``i``, which must be a constant (weights, shapes)."""
+        value = self.inputs[i] if i < len(self.inputs) else None
+        if value is None:
+            raise self.fail(f"needs its {what}")
+        if isinstance(value, Affine):
+            raise self.fail(f"its {what} must be a constant, not computed from the input")
+        return value
+
+    def data(self, i: int = 0) -> Value:
+        value = self.inputs[i] if i < len(self.inputs) else None
+        if value is None:
+            raise self.fail(f"input {i} is missing")
+        return value
+
+
+class Builder(Protocol):
+    """What converters need of the network being built."""
+
+    def relu(self, node: Node, value: Value) -> Value: ...
+
+    def head(self, node: Node, value: Value, kind: str) -> Value: ...
+
+
+Converter = Callable[[Node, Builder], Value]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converts(*ops: str) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for op in ops:
+            CONVERTERS[op] = fn
+        return fn
+
+    return register
+
+
+# -- activations ------------------------------------------------------------------------
+
+
+@converts("Relu")
+def _relu(node: Node, builder: Builder) -> Value:
+    return builder.relu(node, node.data())
+
+
+@converts("Sigmoid", "Softmax")
+def _head(node: Node, builder: Builder) -> Value:
+    value = node.data()
+    if node.op == "Softmax" and node.attrs.get("axis", -1) not in (-1, len(value.shape) - 1):
+        raise node.fail("Softmax must act on the last axis")
+    return builder.head(node, value, node.op.lower())
+
+
+# -- pass-through and constants -----------------------------------------------------------
+
+
+@converts("Identity", "Dropout")
+def _identity(node: Node, builder: Builder) -> Value:
+    return node.data()
+
+
+@converts("Constant")
+def _constant(node: Node, builder: Builder) -> Value:
+    value = node.attrs.get("value")
+    if value is None:
+        raise node.fail("only a tensor 'value' attribute is supported")
+    return np.asarray(value, dtype=np.float64)
+
+
+# -- arithmetic with constants ------------------------------------------------------------
+
+
+@converts("Add", "Sub")
+def _add(node: Node, builder: Builder) -> Value:
+    a, b = node.data(0), node.data(1)
+    return add(a, b if node.op == "Add" else scale(b, np.float64(-1.0)))
+
+
+@converts("Neg")
+def _neg(node: Node, builder: Builder) -> Value:
+    return scale(node.data(), np.float64(-1.0))
+
+
+@converts("Mul", "Div")
+def _mul(node: Node, builder: Builder) -> Value:
+    a, b = node.data(0), node.data(1)
+    if isinstance(a, Affine) and isinstance(b, Affine):
+        raise node.fail("a product of two tensors computed from the input is not piecewise linear")
+    if node.op == "Div":
+        if isinstance(b, Affine):
+            raise node.fail("division by a tensor computed from the input")
+        return scale(a, 1.0 / b)
+    return scale(b, a) if isinstance(b, Affine) else scale(a, b)
+
+
+# -- linear layers ---------------------------------------------------------------------------
+
+
+@converts("MatMul")
+def _matmul(node: Node, builder: Builder) -> Value:
+    a, b = node.data(0), node.data(1)
+    if isinstance(a, Affine) and isinstance(b, Affine):
+        raise node.fail("a product of two tensors computed from the input is not piecewise linear")
+    if isinstance(b, Affine):
+        return linear(b, lambda t: np.matmul(a, t))
+    return linear(a, lambda t: np.matmul(t, b))
+
+
+@converts("Gemm")
+def _gemm(node: Node, builder: Builder) -> Value:
+    a = node.data(0)
+    b = node.const(1, "weight matrix B")
+    if len(a.shape) != 2:
+        raise node.fail(f"expects a matrix, gets a tensor of shape {list(a.shape)}")
+    b = b.T if node.attrs.get("transB", 0) else b
+    alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
+    if node.attrs.get("transA", 0):
+        out = linear(a, lambda t: np.swapaxes(t, -1, -2) @ (alpha * b))
+    else:
+        out = linear(a, lambda t: t @ (alpha * b))
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        out = add(out, beta * node.const(2, "bias C"))
+    return out
+
+
+@converts("Conv")
+def _conv(node: Node, builder: Builder) -> Value:
+    x = node.data(0)
+    weight = node.const(1, "weights")
+    if len(x.shape) != 4 or weight.ndim != 4:
+        raise node.fail("only 2-D convolutions (N, C, H, W) are supported")
+    pads = _pads(node, x.shape[2:], weight.shape[2:])
+    strides = node.attrs.get("strides", [1, 1])
+    dilations = node.attrs.get("dilations", [1, 1])
+    group = node.attrs.get("group", 1)
+    if x.shape[1] != weight.shape[1] * group:
+        raise node.fail(f"{x.shape[1]} input channels for weights {list(weight.shape)}")
+    out = linear(x, lambda t: _conv2d(t, weight, pads, strides, dilations, group))
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        out = add(out, node.const(2, "bias").reshape(1, -1, 1, 1))
+    return out
+
+
+@converts("AveragePool")
+def _average_pool(node: Node, builder: Builder) -> Value:
+    x = node.data(0)
+    if len(x.shape) != 4:
+        raise node.fail("only 2-D pooling (N, C, H, W) is supported")
+    if node.attrs.get("ceil_mode", 0):
+        raise node.fail("ceil_mode is not supported")
+    kernel = node.attrs["kernel_shape"]
+    pads = _pads(node, x.shape[2:], kernel)
+    strides = node.attrs.get("strides", [1, 1])
+    channels = x.shape[1]
+    ones = np.ones((channels, 1, *kernel))
+    summed = linear(x, lambda t: _conv2d(t, ones, pads, strides, [1, 1], channels))
+    if node.attrs.get("count_include_pad", 0):
+        count = np.full((1, 1, 1, 1), float(np.prod(kernel)))
+    else:
+        inside = np.ones((1, 1, *x.shape[2:]))
+        count = _conv2d(inside[None], np.ones((1, 1, *kernel)), pads, strides, [1, 1], 1)[0]
+    return scale(summed, 1.0 / count)
+
+
+@converts("BatchNormalization")
+def _batch_norm(node: Node, builder: Builder) -> Value:
+    x = node.data(0)
+    gamma, beta = node.const(1, "scale"), node.const(2, "bias")
+    mean, var = node.const(3, "mean"), node.const(4, "variance")
+    if node.attrs.get("training_mode", 0):
+        raise node.fail("training mode is not supported")
+    factor = gamma / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+    shape = (1, -1) + (1,) * (len(x.shape) - 2)
+    return add(scale(x, factor.reshape(shape)), (beta - mean * factor).reshape(shape))
+
+
+# -- shapes -------------------------------------------------------------------------------
+
+
+@converts("Flatten")
+def _flatten(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    axis = node.attrs.get("axis", 1) % max(len(x.shape), 1)
+    shape = (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
+    return linear(x, lambda t: t.reshape(t.shape[0], *shape))
+
+
+@converts("Reshape")
+def _reshape(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    target = [int(s) for s in node.const(1, "shape")]
+    if node.attrs.get("allowzero", 0) and 0 in target:
+        raise node.fail("allowzero with a zero dimension is not supported")
+    target = [x.shape[i] if s == 0 else s for i, s in enumerate(target)]
+    shape = np.empty(x.shape).reshape(target).shape  # resolves -1, checks the size
+    return linear(x, lambda t: t.reshape(t.shape[0], *shape))
+
+
+@converts("Transpose")
+def _transpose(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    perm = node.attrs.get("perm", list(range(len(x.shape)))[::-1])
+    return linear(x, lambda t: t.transpose(0, *(p + 1 for p in perm)))
+
+
+@converts("Concat")
+def _concat(node: Node, builder: Builder) -> Value:
+    values = [v for v in node.inputs if v is not None]
+    axis = node.attrs["axis"] % len(values[0].shape)
+    affine = [v for v in values if isinstance(v, Affine)]
+    if not affine:
+        return np.concatenate(values, axis=axis)
+    lifted = [lift(v, affine[0].neurons) for v in values]
+    return Affine(
+        np.concatenate([v.coef for v in lifted], axis=axis + 1),
+        np.concatenate([v.offset for v in lifted], axis=axis),
+    )
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _pads(node: Node, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> list[int]:
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto, bytes):
+        auto = auto.decode()
+    if auto not in ("NOTSET", "VALID"):
+        raise node.fail(f"auto_pad {auto} is not supported (give explicit pads)")
+    return list(node.attrs.get("pads", [0] * (2 * len(spatial))))
+
+
+def _conv2d(
+    t: np.ndarray,
+    weight: np.ndarray,
+    pads: list[int],
+    strides: list[int],
+    dilations: list[int],
+    group: int,
+) -> np.ndarray:
+    """Cross-correlation of ``t`` (L, N, C, H, W) with ``weight`` (M, C/group, kh, kw), as
+    ONNX Conv computes it (no bias)."""
+    lead, batch = t.shape[:2]
+    x = t.reshape(lead * batch, *t.shape[2:])
+    top, left, bottom, right = pads
+    x = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    kh, kw = weight.shape[2:]
+    dh, dw = dilations
+    windows = sliding_window_view(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    windows = windows[:, :, :: strides[0], :: strides[1], ::dh, ::dw]
+    per_in, per_out = weight.shape[1], weight.shape[0] // group
+    out = np.concatenate(
+        [
+            np.einsum(
+                "bchwij,mcij->bmhw",
+                windows[:, g * per_in : (g + 1) * per_in],
+                weight[g * per_out : (g + 1) * per_out],
+                optimize=True,
+            )
+            for g in range(group)
+        ],
+        axis=1,
+    )
+    return out.reshape(lead, batch, *out.shape[1:])

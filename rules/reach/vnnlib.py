@@ -1,0 +1,289 @@
+"""VNN-LIB properties as queries (``query.Query``).
+
+VNN-LIB 1.0, as VNN-COMP writes it, is read by the parser here: ``declare-const X_i`` /
+``Y_j Real``, ``assert`` over linear comparisons (``<= >= < > =``, ``+ - *`` with constants)
+joined by ``and`` / ``or`` in any nesting, comments, statements over several lines. VNN-LIB
+2.0 (``(vnnlib-version <2.0>)``, ``declare-network``, indexed names ``X[0]``) is parsed by
+the official ``vnnlib`` package; its syntax tree and disjunctive normal form are used per
+assertion, and the assertions are intersected here (the package's own ``compat`` transform
+joins separate ``and``/``or`` assertions as a union, and keeps only one half of ``==``).
+
+Strict comparisons are read as non-strict, as VNN-COMP's tools do: the unsafe region is
+closed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import vnnlib
+
+from vigil.rules.reach.query import Query, Row, query_from_clauses
+from vigil.rules.reach.sets import SpecError
+
+MAX_CLAUSES = 100_000
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+_VAR = re.compile(r"^([XY])_(\d+)$")
+_COMPARISONS = ("<=", ">=", "<", ">", "=")
+
+
+def read_query(path: str | Path) -> Query:
+    """The query in a ``.vnnlib`` or ``.vnnlib.gz`` file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SpecError(f"cannot read {path}: {e.strerror or e}") from e
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise SpecError(f"{path} is not gzip data: {e}") from e
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path} is not UTF-8 text: {e}") from e
+    return parse_query(text)
+
+
+def parse_query(text: str) -> Query:
+    """A VNN-LIB 1.0 or 2.0 property; ``SpecError`` names what cannot be read."""
+    if re.match(r"\s*(;[^\n]*\n\s*)*\(\s*vnnlib-version\b", text):
+        return _parse_v2(text)
+    return _parse_v1(text)
+
+
+# -- VNN-LIB 1.0 -------------------------------------------------------------------------
+
+
+def _parse_v1(text: str) -> Query:
+    statements = _read_sexprs(text)
+    names: dict[str, list[int]] = {"X": [], "Y": []}
+    asserts = []
+    for s in statements:
+        if not isinstance(s, list) or not s or not isinstance(s[0], str):
+            raise SpecError(f"line {_line(s)}: expected a statement, got {_show(s)}")
+        head = s[0]
+        if head == "declare-const":
+            if len(s) != 3 or not isinstance(s[1], str):
+                raise SpecError(f"line {_line(s)}: (declare-const NAME Real) expected")
+            match = _VAR.match(s[1])
+            if match is None:
+                raise SpecError(f"line {_line(s)}: variable {s[1]!r} is not X_i or Y_j")
+            if s[2] != "Real":
+                raise SpecError(f"line {_line(s)}: {s[1]} has type {_show(s[2])}, not Real")
+            names[match.group(1)].append(int(match.group(2)))
+        elif head == "assert":
+            if len(s) != 2:
+                raise SpecError(f"line {_line(s)}: (assert FORMULA) takes one formula")
+            asserts.append(s[1])
+        else:
+            raise SpecError(f"line {_line(s)}: unknown statement {head!r}")
+    sizes = {}
+    for kind, indices in names.items():
+        if sorted(indices) != list(range(len(indices))):
+            raise SpecError(f"the {kind} variables are not declared as {kind}_0 ... {kind}_n")
+        sizes[kind] = len(indices)
+    if not sizes["X"] or not sizes["Y"]:
+        raise SpecError("a property needs X_i inputs and Y_j outputs declared")
+    if not asserts:
+        raise SpecError("the property asserts nothing")
+    reader = _V1(sizes["X"], sizes["Y"])
+    return _conjoin([reader.dnf(a) for a in asserts], sizes["X"], sizes["Y"])
+
+
+class _Token(str):
+    """An atom with the line it is on."""
+
+    line: int
+
+
+class _List(list):
+    line: int
+
+
+def _read_sexprs(text: str) -> list:
+    stack: list[_List] = [_List()]
+    stack[0].line = 1
+    for number, raw in enumerate(text.splitlines(), 1):
+        for token in _TOKEN.findall(raw.split(";", 1)[0]):
+            if token == "(":
+                new = _List()
+                new.line = number
+                stack[-1].append(new)
+                stack.append(new)
+            elif token == ")":
+                if len(stack) == 1:
+                    raise SpecError(f"line {number}: unbalanced ')'")
+                stack.pop()
+            else:
+                atom = _Token(token)
+                atom.line = number
+                stack[-1].append(atom)
+    if len(stack) > 1:
+        raise SpecError(f"line {stack[-1].line}: '(' is never closed")
+    return stack[0]
+
+
+def _line(s) -> int | str:
+    return getattr(s, "line", "?")
+
+
+def _show(s) -> str:
+    if isinstance(s, list):
+        return "(" + " ".join(_show(x) for x in s) + ")"
+    return str(s)
+
+
+class _V1:
+    """Formulas over X_0..X_{n-1}, Y_0..Y_{m-1} as disjunctive normal forms of rows."""
+
+    def __init__(self, inputs: int, outputs: int) -> None:
+        self.inputs, self.outputs = inputs, outputs
+
+    def dnf(self, f) -> list[list[Row]]:
+        if not isinstance(f, list) or not f:
+            raise SpecError(f"line {_line(f)}: expected a formula, got {_show(f)}")
+        head, args = f[0], f[1:]
+        if head == "and":
+            return _product([self.dnf(a) for a in args], f)
+        if head == "or":
+            return [clause for a in args for clause in self.dnf(a)]
+        if head in _COMPARISONS:
+            if len(args) != 2:
+                raise SpecError(f"line {_line(f)}: {head} compares two terms")
+            return [_rows(head, self.term(args[0]), self.term(args[1]))]
+        raise SpecError(f"line {_line(f)}: unknown connective or comparison {_show(head)}")
+
+    def term(self, t) -> tuple[np.ndarray, np.ndarray, float]:
+        """A linear term as (coefficients on x, on y, constant)."""
+        zero_x, zero_y = np.zeros(self.inputs), np.zeros(self.outputs)
+        if isinstance(t, str):
+            match = _VAR.match(t)
+            if match:
+                kind, index = match.group(1), int(match.group(2))
+                vec = np.zeros(self.inputs if kind == "X" else self.outputs)
+                if index >= vec.size:
+                    raise SpecError(f"line {_line(t)}: {t} is not declared")
+                vec[index] = 1.0
+                return (vec, zero_y, 0.0) if kind == "X" else (zero_x, vec, 0.0)
+            try:
+                return zero_x, zero_y, float(t)
+            except ValueError:
+                raise SpecError(
+                    f"line {_line(t)}: {t!r} is neither a variable nor a number"
+                ) from None
+        if not t or t[0] not in ("+", "-", "*"):
+            raise SpecError(f"line {_line(t)}: expected a linear term, got {_show(t)}")
+        parts = [self.term(a) for a in t[1:]]
+        if not parts:
+            raise SpecError(f"line {_line(t)}: {t[0]} needs arguments")
+        if t[0] == "+":
+            return _combine(parts, [1.0] * len(parts))
+        if t[0] == "-":
+            signs = [-1.0] if len(parts) == 1 else [1.0] + [-1.0] * (len(parts) - 1)
+            return _combine(parts, signs)
+        out = parts[0]
+        for p in parts[1:]:
+            if not (out[0].any() or out[1].any()):
+                out = (p[0] * out[2], p[1] * out[2], p[2] * out[2])
+            elif not (p[0].any() or p[1].any()):
+                out = (out[0] * p[2], out[1] * p[2], out[2] * p[2])
+            else:
+                raise SpecError(f"line {_line(t)}: a product of two variables is not linear")
+        return out
+
+
+def _combine(parts, signs):
+    return (
+        sum(s * p[0] for s, p in zip(signs, parts, strict=True)),
+        sum(s * p[1] for s, p in zip(signs, parts, strict=True)),
+        sum(s * p[2] for s, p in zip(signs, parts, strict=True)),
+    )
+
+
+def _rows(op: str, left, right) -> list[Row]:
+    """``left op right`` as rows ``a_x x + a_y y <= rhs``."""
+    a_x, a_y, const = left[0] - right[0], left[1] - right[1], left[2] - right[2]
+    le: Row = (a_x, a_y, -const)  # left - right <= 0
+    ge: Row = (-a_x, -a_y, const)  # right - left <= 0
+    if op in ("<=", "<"):
+        return [le]
+    if op in (">=", ">"):
+        return [ge]
+    return [le, ge]
+
+
+def _product(dnfs: list[list[list[Row]]], where=None) -> list[list[Row]]:
+    total = 1
+    for d in dnfs:
+        total *= len(d)
+    if total > MAX_CLAUSES:
+        where = f"line {_line(where)}: " if where is not None else ""
+        raise SpecError(
+            f"{where}the formula has {total} disjuncts in normal form (at most {MAX_CLAUSES})"
+        )
+    return [[row for clause in combo for row in clause] for combo in itertools.product(*dnfs)]
+
+
+def _conjoin(dnfs: list[list[list[Row]]], inputs: int, outputs: int) -> Query:
+    return query_from_clauses(_product(dnfs), inputs, outputs)
+
+
+# -- VNN-LIB 2.0 -------------------------------------------------------------------------
+
+
+def _parse_v2(text: str) -> Query:
+    try:
+        parsed = vnnlib.parse_query_string(text)
+    except vnnlib.VNNLibException as e:
+        raise SpecError(f"VNN-LIB 2.0: {e}") from None
+    if len(parsed.networks) != 1:
+        raise SpecError(f"one network is supported, the query declares {len(parsed.networks)}")
+    network = parsed.networks[0]
+    if len(network.inputs) != 1 or len(network.outputs) != 1:
+        raise SpecError("one input and one output tensor are supported")
+    if network.hidden:
+        raise SpecError("constraints on hidden nodes (declare-hidden) are not supported")
+    x, y = network.inputs[0], network.outputs[0]
+    shapes = {x.name: tuple(x.shape), y.name: tuple(y.shape)}
+    sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
+    inputs, outputs = sizes[x.name], sizes[y.name]
+
+    def linear(expr) -> tuple[np.ndarray, np.ndarray, float]:
+        a_x, a_y = np.zeros(inputs), np.zeros(outputs)
+        linear_expr = expr.to_linear_expr()
+        for term in linear_expr.terms:
+            var = term.var
+            if var.name not in shapes:
+                raise SpecError(f"{var.name} is neither the input nor the output")
+            flat = int(np.ravel_multi_index(tuple(var.indices), shapes[var.name]))
+            (a_x if var.name == x.name else a_y)[flat] += term.coeff
+        return a_x, a_y, float(linear_expr.constant)
+
+    ops = {
+        "LessEqual": "<=",
+        "LessThan": "<",
+        "GreaterEqual": ">=",
+        "GreaterThan": ">",
+        "Equal": "=",
+    }
+    dnfs = []
+    for assertion in parsed.assertions:
+        clauses = []
+        for clause in assertion.expr.to_dnf():
+            rows: list[Row] = []
+            for comparison in clause:
+                op = ops.get(type(comparison).__name__)
+                if op is None:
+                    raise SpecError(f"{comparison} is not supported (only <= < >= > ==)")
+                rows += _rows(op, linear(comparison.lhs), linear(comparison.rhs))
+            clauses.append(rows)
+        dnfs.append(clauses)
+    if not dnfs:
+        raise SpecError("the property asserts nothing")
+    return _conjoin(dnfs, inputs, outputs)

@@ -1,0 +1,119 @@
+"""The ONNX graph importer: graphs (convolutions, normalisation, residual branches, shape
+operators) become ReLU chains that compute what onnxruntime computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.onnx_models import conv_residual
+from vigil.rules.graph import CONVERTERS, UnsupportedModel
+from vigil.rules.reach.network import Network, OnnxRunner, load_checked
+
+
+def model(nodes, inits, shape, out, extra_inputs=()) -> bytes:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape), *extra_inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_conv_network_with_a_residual_add_computes_what_onnxruntime_does(seed):
+    source = conv_residual(seed)
+    network = Network.from_onnx(source)
+    x = np.random.default_rng(seed).uniform(-2, 2, size=(40, 16))
+    np.testing.assert_allclose(network.forward(x), OnnxRunner(source)(x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_skip_from_the_network_input_is_carried_through_relus_with_its_sign():
+    rng = np.random.default_rng(3)
+    f32 = np.float32
+    inits = {
+        "w1": rng.normal(size=(3, 4)).astype(f32),
+        "w2": rng.normal(size=(4, 3)).astype(f32),
+        "b2": rng.normal(size=3).astype(f32),
+    }
+    nodes = [
+        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(f32(2.0))),
+        helper.make_node("MatMul", ["x", "w1"], ["z1"]),
+        helper.make_node("Relu", ["z1"], ["h1"]),
+        helper.make_node("Dropout", ["h1"], ["d1"]),
+        helper.make_node("MatMul", ["d1", "w2"], ["z2"]),
+        helper.make_node("Add", ["z2", "b2"], ["z3"]),
+        helper.make_node("Relu", ["z3"], ["h2"]),
+        helper.make_node("Neg", ["x"], ["minus"]),
+        helper.make_node("Mul", ["two", "minus"], ["skip"]),
+        helper.make_node("Add", ["h2", "skip"], ["s"], name="skip-add"),
+        helper.make_node("Identity", ["s"], ["y"]),
+    ]
+    source = model(nodes, inits, ["n", 3], ["n", 3])
+    network, runner = load_checked(source)
+    x = rng.uniform(-3, 3, size=(50, 3))  # negative inputs: the carried x keeps its sign
+    expected = np.maximum(np.maximum(x @ inits["w1"], 0) @ inits["w2"] + inits["b2"], 0) - 2 * x
+    np.testing.assert_allclose(network.forward(x), expected, atol=1e-5)
+    np.testing.assert_allclose(runner(x), expected, atol=1e-4)
+
+
+def test_padded_average_pooling_and_strided_grouped_convolution_agree():
+    rng = np.random.default_rng(5)
+    f32 = np.float32
+    inits = {"k": rng.normal(size=(4, 1, 2, 2)).astype(f32), "w": rng.normal(size=(2, 16))}
+    inits["w"] = inits["w"].astype(f32)
+    nodes = [
+        helper.make_node("Conv", ["x", "k"], ["c"], group=2, strides=[2, 1], dilations=[1, 2]),
+        helper.make_node("Relu", ["c"], ["h"]),
+        helper.make_node(
+            "AveragePool", ["h"], ["p"], kernel_shape=[2, 2], pads=[1, 0, 0, 1], strides=[1, 1]
+        ),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w"], ["y"], transB=1),
+    ]
+    source = model(nodes, inits, [1, 2, 5, 4], [1, 2])
+    network, runner = load_checked(source)
+    x = rng.normal(size=(10, 40))
+    np.testing.assert_allclose(network.forward(x), runner(x), atol=1e-4)
+
+
+def test_weights_also_listed_as_graph_inputs_are_weights():
+    w = np.eye(2, dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    listed = helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 2])
+    network = Network.from_onnx(model(nodes, {"w": w}, [1, 2], [1, 2], [listed]))
+    assert network.input_dim == 2 and network.output_dim == 2
+
+
+def test_an_unsupported_operator_is_named_with_its_node():
+    nodes = [helper.make_node("Tanh", ["x"], ["y"], name="squash")]
+    with pytest.raises(UnsupportedModel, match=r"'squash': operator Tanh is not supported"):
+        Network.from_onnx(model(nodes, {}, ["n", 2], ["n", 2]))
+    assert "Tanh" not in CONVERTERS and {"Conv", "Relu", "Gemm"} <= set(CONVERTERS)
+
+
+def test_a_product_of_two_data_tensors_is_refused():
+    nodes = [helper.make_node("Mul", ["x", "x"], ["y"], name="square")]
+    with pytest.raises(UnsupportedModel, match=r"'square' \(Mul\).*not piecewise linear"):
+        Network.from_onnx(model(nodes, {}, ["n", 2], ["n", 2]))
+
+
+def test_a_fixed_batch_other_than_one_is_refused():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    with pytest.raises(UnsupportedModel, match="fixed batch dimension of 4"):
+        Network.from_onnx(model(nodes, {}, [4, 2], [4, 2]))
+
+
+def test_the_acasxu_networks_load_as_onnxruntime_runs_them(acasxu):
+    network, runner = load_checked(acasxu / "ACASXU_run2a_4_5_batch_2000.onnx")
+    assert network.hidden_sizes == [50] * 6 and network.output_dim == 5
+    x = np.random.default_rng(0).uniform(-0.5, 0.5, size=(20, 5))
+    np.testing.assert_allclose(network.forward(x), runner(x), atol=1e-5)
