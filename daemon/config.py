@@ -29,6 +29,9 @@ from vigil.connectors.serving import seldon
 from vigil.daemon.offload import INSTALL_DASK, scheduler_address
 from vigil.rules.ior.backends import parse_backend
 from vigil.rules.reach.online import Accelerations
+from vigil.rules.reach.query import safe_set
+from vigil.rules.reach.sets import SpecError
+from vigil.rules.reach.vnnlib import read_query
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 """What a Kafka topic name may hold."""
@@ -523,8 +526,15 @@ class ReachRuleConfig(ServingKeys):
     eps: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
         default=0.0, description="margin added around that box on every side"
     )
-    C: list[list[float]] = Field(description="output spec C y <= d, one row per constraint")
-    d: list[float]
+    C: list[list[float]] | None = Field(
+        default=None, description="output spec C y <= d, one row per constraint"
+    )
+    d: list[float] | None = None
+    spec: Path | None = Field(
+        default=None,
+        description="a VNN-LIB property over the outputs instead of C and d: its unsafe "
+        "region a disjunction of single output constraints",
+    )
     max_branches: Annotated[int, Field(ge=1)] = 250
     accelerations: str = "bmi+lb+bmw+inn+ic"
     inn_range: Annotated[float, Field(gt=0)] = 5.0
@@ -537,11 +547,17 @@ class ReachRuleConfig(ServingKeys):
         if self.features is not None and self.format == "vigil":
             raise ValueError("features applies to format seldon or kserve for reach rules")
         Accelerations.parse(self.accelerations)
-        c = np.array(self.C, dtype=float) if self.C else np.zeros((0, 0))
-        if c.ndim != 2 or c.shape[0] != len(self.d) or c.shape[0] == 0:
-            raise ValueError(f"C needs one non-empty row per entry of d ({len(self.d)})")
-        if not (np.isfinite(c).all() and np.isfinite(self.d).all()):
-            raise ValueError("C and d must be finite numbers")
+        if self.spec is not None:
+            if self.C is not None or self.d is not None:
+                raise ValueError("give spec or C and d, not both")
+        elif self.C is None or self.d is None:
+            raise ValueError("give the output spec: C and d, or spec (a VNN-LIB file)")
+        else:
+            c = np.array(self.C, dtype=float) if self.C else np.zeros((0, 0))
+            if c.ndim != 2 or c.shape[0] != len(self.d) or c.shape[0] == 0:
+                raise ValueError(f"C needs one non-empty row per entry of d ({len(self.d)})")
+            if not (np.isfinite(c).all() and np.isfinite(self.d).all()):
+                raise ValueError("C and d must be finite numbers")
         if self.onnx is None and self.models_topic is None:
             raise ValueError("set onnx (a starting model) or models_topic (updates), or both")
         return self
@@ -678,12 +694,28 @@ def load_config(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     config = parse_config(data, str(path))
-    config = _resolve_paths(config, path.parent)
+    config = _read_specs(_resolve_paths(config, path.parent), str(path))
     if config.files is not None:
         _check_decisions_file(config.files.decisions, str(path))
     if config.kafka is not None:
         _check_kafka_files(config.kafka, str(path))
     return config
+
+
+def _read_specs(config: Config, origin: str) -> Config:
+    """Each reach rule's ``spec`` file read into its C and d (paths already resolved)."""
+    rules = []
+    for i, rule in enumerate(config.rules):
+        if isinstance(rule, ReachRuleConfig) and rule.spec is not None:
+            try:
+                c, d = safe_set(read_query(rule.spec, boxed=False))
+            except SpecError as e:
+                raise ConfigError(
+                    f"{origin}: invalid configuration\n  rules.{i}.spec: {rule.spec}: {e}"
+                ) from None
+            rule = rule.model_copy(update={"C": c.tolist(), "d": d.tolist()})
+        rules.append(rule)
+    return config.model_copy(update={"rules": rules})
 
 
 def _check_kafka_files(kafka: KafkaConfig, origin: str) -> None:
@@ -737,7 +769,7 @@ def _resolve_paths(config: Config, base: Path) -> Config:
             config.outputs,
             ("alerts_file", "dead_letter_file", "verifications_file", "certifications_file"),
         ),
-        "rules": [fixed(r, ("onnx", "embedding_onnx")) for r in config.rules],
+        "rules": [fixed(r, ("onnx", "embedding_onnx", "spec")) for r in config.rules],
     }
     if config.kafka is not None:
         updates["kafka"] = fixed(

@@ -457,6 +457,13 @@ def _expect_reach(lines: list[dict], where: Path) -> str:
     return "status holds"
 
 
+def _expect_vnnlib(lines: list[dict], where: Path) -> str:
+    (verdict,) = lines
+    assert verdict["result"] == "unsat", verdict
+    assert (where / "result.txt").read_text() == "unsat\n"
+    return "unsat, result.txt written"
+
+
 def _expect_batch(lines: list[dict], where: Path) -> str:
     (summary,) = lines
     assert summary["inputs"] == 4, summary
@@ -508,6 +515,11 @@ def inputs(tmp_path_factory) -> Path:
     np.save(d / "upper.npy", np.full(3, 0.1))
     np.save(d / "C.npy", np.array([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]]))
     np.save(d / "d.npy", np.array([1e6, 1e6]))
+    # unsafe: output 0 above 1e6 somewhere in the box (it is not: unsat)
+    prop = "".join(f"(declare-const X_{i} Real)\n" for i in range(3))
+    prop += "".join(f"(declare-const Y_{j} Real)\n" for j in range(3))
+    prop += "".join(f"(assert (>= X_{i} 0))\n(assert (<= X_{i} 0.1))\n" for i in range(3))
+    (d / "prop.vnnlib").write_text(prop + "(assert (>= Y_0 1000000))\n")
     # class 1 iff x0 + x1 > 1, through a sigmoid head
     binary = Network.from_arrays(
         [
@@ -905,6 +917,9 @@ COMMANDS: dict[str, Run | Excused] = {
     ),
     "vigil verify batch --model M.onnx --inputs X.npy --labels y.npy --eps 0.03": placeholders(
         {"M.onnx": "classes.onnx", "X.npy": "inputs.npy", "y.npy": "labels.npy"}, _expect_batch
+    ),
+    "vigil verify vnnlib M.onnx SPEC.vnnlib --timeout 60 --out result.txt": placeholders(
+        {"M.onnx": "classes.onnx", "SPEC.vnnlib": "prop.vnnlib"}, _expect_vnnlib
     ),
     "vigil certify knn --train DATA.csv --target COL --protected sex --flips 1 "
     "--inputs TEST.csv --out results.jsonl": placeholders(

@@ -60,6 +60,8 @@ class ReachRule(Rule):
     backend = "reach"
 
     def __init__(self, config: ReachRuleConfig, context: RuleContext) -> None:
+        if config.C is None or config.d is None:
+            raise ValueError(f"rule {config.name!r}: its spec file was not read (load_config)")
         topics = {config.topic} | ({config.models_topic} if config.models_topic else set())
         super().__init__(config.name, topics)
         self.config = config

@@ -1,5 +1,5 @@
 """``vigil verify reach``: does an ONNX ReLU network keep every input of a box (or polytope) in
-the output set ``C y <= d``?"""
+the output set ``C y <= d`` (or a VNN-LIB property's safe outputs)?"""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from vigil.rules.reach.basis import sample
 from vigil.rules.reach.branch import reach_and_branch
 from vigil.rules.reach.network import OnnxRunner, load_checked
 from vigil.rules.reach.online import overall
+from vigil.rules.reach.query import safe_set
 from vigil.rules.reach.sets import InputSet, OutputSpec
 from vigil.rules.reach.symbolic import METHODS
+from vigil.rules.reach.vnnlib import read_query
 
 GROUP = "verify"
 _COVERAGE_SAMPLES = 2000
@@ -32,8 +34,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", type=Path, required=True, help="ONNX feed-forward ReLU network")
     p.add_argument("--lower", type=Path, required=True, metavar="L.npy")
     p.add_argument("--upper", type=Path, required=True, metavar="U.npy")
-    p.add_argument("--C", type=Path, required=True, metavar="C.npy", help="(k, outputs) matrix")
-    p.add_argument("--d", type=Path, required=True, metavar="D.npy", help="(k,) bounds")
+    p.add_argument("--C", type=Path, metavar="C.npy", help="(k, outputs) matrix")
+    p.add_argument("--d", type=Path, metavar="D.npy", help="(k,) bounds")
+    p.add_argument(
+        "--spec",
+        type=Path,
+        metavar="SPEC.vnnlib",
+        help="instead of --C and --d: a VNN-LIB property over the outputs, its unsafe region "
+        "a disjunction of single output constraints",
+    )
     p.add_argument("--A", type=Path, metavar="A.npy", help="extra input constraints A x <= b")
     p.add_argument("--b", type=Path, metavar="B.npy")
     p.add_argument("--max-branches", type=int, default=250)
@@ -44,6 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _array(path: Path | None, name: str) -> np.ndarray | None:
     return None if path is None else load_npy(path, f"--{name}")
+
+
+def _output_spec(args: argparse.Namespace) -> OutputSpec:
+    if args.spec is not None:
+        if args.C is not None or args.d is not None:
+            raise ValueError("give --spec or --C and --d, not both")
+        return OutputSpec(*safe_set(read_query(args.spec, boxed=False)))
+    if args.C is None or args.d is None:
+        raise ValueError("give the output spec: --C and --d, or --spec")
+    return OutputSpec(_array(args.C, "C"), _array(args.d, "d"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         _array(args.upper, "upper"),
         *(() if a is None else (a, b)),
     )
-    spec = OutputSpec(_array(args.C, "C"), _array(args.d, "d"))
+    spec = _output_spec(args)
     if inputs.dim != network.input_dim:
         raise ValueError(f"the box has {inputs.dim} dimensions, the model {network.input_dim}")
     if spec.output_dim != network.output_dim:

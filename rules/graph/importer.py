@@ -26,13 +26,11 @@ OUTPUT_HEADS = ("none", "sigmoid", "softmax")
 
 @dataclass(frozen=True)
 class Imported:
-    """A graph as layers ``(W (out, in), b)``, its output head, and its input's name and
-    shape (batch dimension included, as declared)."""
+    """A graph as layers ``(W (out, in), b)`` over its flattened input, and its output
+    head (``OUTPUT_HEADS``)."""
 
     layers: list[tuple[np.ndarray, np.ndarray]]
     output: str
-    input_name: str
-    input_shape: tuple[int | str, ...]
 
 
 def import_graph(model: onnx.ModelProto) -> Imported:
@@ -52,7 +50,7 @@ def import_graph(model: onnx.ModelProto) -> Imported:
     result = builder.env.get(graph.output[0].name)
     if not isinstance(result, Affine):
         raise UnsupportedModel("the graph output does not depend on its input")
-    return Imported(builder.finish(result), builder.output, inputs[0].name, declared)
+    return Imported(builder.finish(result), builder.output)
 
 
 class _Builder:

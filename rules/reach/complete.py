@@ -1,15 +1,17 @@
-"""Complete verification of a query (``query.Query``) on a ReLU network: branch and bound
-over the input box.
+"""Complete verification of a query (``query.Query``) on a ReLU network: a counterexample
+search, then branch and bound over the input box.
 
-Each box is bounded with the symbolic and backward bounds of ``symbolic.reach``: an unsafe
-polytope is empty on a box once one of its rows ``c y <= d`` has ``c y > d`` everywhere on
-it. A box where some polytope stays open is searched for a counterexample (its centre,
-projected sign-gradient steps) and otherwise bisected along the input that moves the open
-bounds most. A box too small to split further is decided by the MILP (``milp.py``). So the
-answers are: ``sat`` with an input the reference evaluator (``confirm``) puts in the unsafe
-region, ``unsat`` when every box was closed by sound bounds or an infeasible MILP,
-``timeout`` when the time ran out first, and ``unknown`` when a box could be decided by
-neither (the MILP solver gave up on it).
+Sampling comes first (points of the box and of its faces, then projected sign-gradient
+steps). Then each box is bounded by back-substitution (``backward.py``): an unsafe polytope
+is empty on a box once one of its rows ``c y <= d`` (or an average of some of them) has
+``c y > d`` everywhere on it. A box where some polytope stays open is searched from its
+centre and otherwise bisected: along the input whose halves bound best for the first
+splits (strong branching), then along the input with the largest split score. A box too
+small to split further is decided by the MILP (``milp.py``). So the answers are: ``sat``
+with an input the reference evaluator (``confirm``) puts in the unsafe region, ``unsat``
+when every box was closed by sound bounds or an infeasible MILP, ``timeout`` when the time
+ran out first, and ``unknown`` when a box could be decided by neither (the MILP solver gave
+up on it, or the evaluator rejected its point).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case, Query
 
-RESULTS = ("sat", "unsat", "unknown", "timeout")
 BATCH = 256
 """Boxes bounded together (one matrix product per layer for all of them)."""
 SEARCH_SAMPLES = 10_000
@@ -148,7 +149,7 @@ class _Search:
             closest = np.minimum(closest, score)
             hit = np.flatnonzero(score <= 0)
             if hit.size:
-                found = self._confirmed(case, x[hit])
+                found = self.confirmed(case, x[hit])
                 if found is not None:
                     return found, closest
             x = np.clip(x - size * np.sign(grad), lo, hi)
@@ -177,7 +178,7 @@ class _Search:
             grad = (grad * (z > 0)) @ w
         return best, grad
 
-    def _confirmed(self, case: Case, x: np.ndarray) -> tuple | None:
+    def confirmed(self, case: Case, x: np.ndarray) -> tuple | None:
         """The point whose reference output is deepest in the unsafe region, with that
         output, if it is there (within ``TOLERANCE``)."""
         self.stats["candidates"] += len(x)
@@ -321,7 +322,7 @@ class _BranchAndBound:
             seconds = max(deadline - time.monotonic(), 0.1)
             outcome, x = box_counterexample(self.network, lo, hi, c, d, seconds)
             if outcome == "found":
-                found = self.search._confirmed(self.case, x[None])
+                found = self.search.confirmed(self.case, x[None])
                 if found is not None:
                     return found
                 return "unknown"  # feasible in exact arithmetic, not for the evaluator

@@ -32,14 +32,27 @@ class Case:
         return out
 
 
+@dataclass(frozen=True)
+class Variable:
+    """A declared input or output: its name, element type (``real``, ``float32``, ...) and
+    shape (``()`` for a VNN-LIB 1.0 scalar)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class Query:
     """Input and output sizes (flattened, row-major) and the cases, any of which is a
-    counterexample when satisfied."""
+    counterexample when satisfied; the declared network's name and variables, inputs
+    first."""
 
     inputs: int
     outputs: int
     cases: tuple[Case, ...]
+    network: str | None = None
+    variables: tuple[Variable, ...] = ()
 
     def counterexample(self, x: np.ndarray, y: np.ndarray, tolerance: float = 0.0) -> bool:
         """Whether ``x`` lies in a case's box and ``y`` in its unsafe region (``tolerance``
@@ -57,10 +70,17 @@ Row = tuple[np.ndarray, np.ndarray, float]
 """An atomic constraint ``a_x . x + a_y . y <= rhs``."""
 
 
-def query_from_clauses(clauses: list[list[Row]], inputs: int, outputs: int) -> Query:
+def query_from_clauses(
+    clauses: list[list[Row]],
+    inputs: int,
+    outputs: int,
+    network: str | None = None,
+    variables: tuple[Variable, ...] = (),
+    boxed: bool = True,
+) -> Query:
     """The query of a formula in disjunctive normal form: each clause's input rows must be
     bounds on one input (they give its box), its output rows one unsafe polytope; clauses
-    with the same box share a case."""
+    with the same box share a case. ``boxed``: every input must be bounded."""
     cases: dict[bytes, tuple[np.ndarray, np.ndarray, list]] = {}
     for clause in clauses:
         lower, upper = np.full(inputs, -np.inf), np.full(inputs, np.inf)
@@ -87,7 +107,7 @@ def query_from_clauses(clauses: list[list[Row]], inputs: int, outputs: int) -> Q
         key = lower.tobytes() + upper.tobytes()
         polytope = (np.array(c_rows).reshape(-1, outputs), np.array(d_rows, dtype=np.float64))
         cases.setdefault(key, (lower, upper, []))[2].append(polytope)
-    for lower, upper, _ in cases.values():
+    for lower, upper, _ in cases.values() if boxed else ():
         unbounded = np.flatnonzero(~np.isfinite(lower) | ~np.isfinite(upper))
         if unbounded.size:
             raise SpecError(f"input {int(unbounded[0])} has no lower or no upper bound")
@@ -95,4 +115,29 @@ def query_from_clauses(clauses: list[list[Row]], inputs: int, outputs: int) -> Q
         inputs,
         outputs,
         tuple(Case(lo, hi, tuple(polys)) for lo, hi, polys in cases.values()),
+        network,
+        variables,
     )
+
+
+def safe_set(query: Query) -> tuple[np.ndarray, np.ndarray]:
+    """The outputs a property allows, as ``C y <= d``, for a property over outputs alone
+    whose unsafe region is a disjunction of single constraints ``c y <= d`` (the safe set
+    is then their negations' conjunction, closed: ``-c y <= -d``)."""
+    if len(query.cases) != 1:
+        raise SpecError(f"the property has {len(query.cases)} input boxes; one is needed")
+    (case,) = query.cases
+    if np.isfinite(case.lower).any() or np.isfinite(case.upper).any():
+        raise SpecError(
+            "the property constrains the inputs; here the input set is given separately, "
+            "so state only output constraints"
+        )
+    rows = [len(d) for _, d in case.unsafe]
+    if any(n != 1 for n in rows):
+        raise SpecError(
+            "the unsafe region must be a disjunction of single output constraints (its "
+            f"complement is then one conjunction C y <= d); it has polytopes of {rows} rows"
+        )
+    c = np.vstack([c for c, _ in case.unsafe])
+    d = np.concatenate([d for _, d in case.unsafe])
+    return -c, -d

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import vnnlib
 
-from vigil.rules.reach.query import Query, Row, query_from_clauses
+from vigil.rules.reach.query import Query, Row, Variable, query_from_clauses
 from vigil.rules.reach.sets import SpecError
 
 MAX_CLAUSES = 100_000
@@ -31,8 +31,8 @@ _VAR = re.compile(r"^([XY])_(\d+)$")
 _COMPARISONS = ("<=", ">=", "<", ">", "=")
 
 
-def read_query(path: str | Path) -> Query:
-    """The query in a ``.vnnlib`` or ``.vnnlib.gz`` file."""
+def read_query(path: str | Path, boxed: bool = True) -> Query:
+    """The query in a ``.vnnlib`` or ``.vnnlib.gz`` file (``boxed``: every input bounded)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -47,20 +47,20 @@ def read_query(path: str | Path) -> Query:
         text = data.decode()
     except UnicodeDecodeError as e:
         raise SpecError(f"{path} is not UTF-8 text: {e}") from e
-    return parse_query(text)
+    return parse_query(text, boxed)
 
 
-def parse_query(text: str) -> Query:
+def parse_query(text: str, boxed: bool = True) -> Query:
     """A VNN-LIB 1.0 or 2.0 property; ``SpecError`` names what cannot be read."""
     if re.match(r"\s*(;[^\n]*\n\s*)*\(\s*vnnlib-version\b", text):
-        return _parse_v2(text)
-    return _parse_v1(text)
+        return _parse_v2(text, boxed)
+    return _parse_v1(text, boxed)
 
 
 # -- VNN-LIB 1.0 -------------------------------------------------------------------------
 
 
-def _parse_v1(text: str) -> Query:
+def _parse_v1(text: str, boxed: bool) -> Query:
     statements = _read_sexprs(text)
     names: dict[str, list[int]] = {"X": [], "Y": []}
     asserts = []
@@ -93,7 +93,11 @@ def _parse_v1(text: str) -> Query:
     if not asserts:
         raise SpecError("the property asserts nothing")
     reader = _V1(sizes["X"], sizes["Y"])
-    return _conjoin([reader.dnf(a) for a in asserts], sizes["X"], sizes["Y"])
+    variables = tuple(
+        Variable(f"{kind}_{i}", "real", ()) for kind in "XY" for i in range(sizes[kind])
+    )
+    clauses = _product([reader.dnf(a) for a in asserts])
+    return query_from_clauses(clauses, sizes["X"], sizes["Y"], None, variables, boxed)
 
 
 class _Token(str):
@@ -230,14 +234,10 @@ def _product(dnfs: list[list[list[Row]]], where=None) -> list[list[Row]]:
     return [[row for clause in combo for row in clause] for combo in itertools.product(*dnfs)]
 
 
-def _conjoin(dnfs: list[list[list[Row]]], inputs: int, outputs: int) -> Query:
-    return query_from_clauses(_product(dnfs), inputs, outputs)
-
-
 # -- VNN-LIB 2.0 -------------------------------------------------------------------------
 
 
-def _parse_v2(text: str) -> Query:
+def _parse_v2(text: str, boxed: bool) -> Query:
     try:
         parsed = vnnlib.parse_query_string(text)
     except vnnlib.VNNLibException as e:
@@ -286,4 +286,17 @@ def _parse_v2(text: str) -> Query:
         dnfs.append(clauses)
     if not dnfs:
         raise SpecError("the property asserts nothing")
-    return _conjoin(dnfs, inputs, outputs)
+    variables = tuple(Variable(v.name, _dtype(v.dtype), tuple(v.shape)) for v in (x, y))
+    return query_from_clauses(_product(dnfs), inputs, outputs, network.name, variables, boxed)
+
+
+def _dtype(dtype: vnnlib.DType) -> str:
+    """A VNN-LIB element type as the standard spells it (``real``, ``float32``, ...)."""
+    name = dtype.name
+    if name == "Real":
+        return "real"
+    bits = re.match(r"^([FIUC])(\d+)$", name)
+    if bits:
+        kind = {"F": "float", "I": "int", "U": "uint", "C": "complex"}[bits.group(1)]
+        return f"{kind}{bits.group(2)}"
+    return name.lower()

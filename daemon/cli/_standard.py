@@ -1,0 +1,141 @@
+"""``vigil-vnnlib``: the solver command line of the VNN-LIB standard (chapter 5), so tools
+that drive VNN-LIB solvers can drive Vigil.
+
+    vigil-vnnlib --name | --version
+    vigil-vnnlib verify QUERY --network NAME=MODEL.onnx [--timeout SECONDS]
+    vigil-vnnlib supports --onnx-operators | --vnnlib-versions | ...
+
+``verify`` prints the result (``sat``, ``unsat``, ``unknown`` or ``timed-out``) as the first
+line of its output; after ``sat``, every declared variable in declaration order as a line
+``NAME TYPE [DIMS]`` and its values one per line, row-major. The standard fixes no exit
+codes: this command exits 0 with a result, 2 when the query, the network or the command line
+cannot be used (the reason on stderr), 1 on an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vigil import __version__
+from vigil.rules.graph import CONVERTERS
+from vigil.rules.reach.complete import Verdict, verify
+from vigil.rules.reach.network import load_checked
+from vigil.rules.reach.query import Query
+from vigil.rules.reach.vnnlib import read_query
+
+NAME = "Vigil (runtime assurance of AI models): complete branch and bound on ReLU networks"
+RESULTS = {"sat": "sat", "unsat": "unsat", "unknown": "unknown", "timeout": "timed-out"}
+CAPABILITIES = {
+    "onnx-opset-versions": ["9", "21"],
+    # bounds are computed in float64 over the real numbers: sound for real arithmetic only
+    "onnx-element-types": ["real"],
+    "onnx-operators": sorted(CONVERTERS),
+    "vnnlib-versions": ["1.0", "2.0"],
+    "hidden-node-theories": ["NH"],
+    "multiple-input-output-theories": ["SIO"],
+    "multiple-network-theories": ["SNET"],
+    "multiple-node-comparison-theories": ["SNC", "MNC"],
+    "arithmetic-complexity-theories": ["BND", "OUTC"],
+    "optimised-disjunctive-reasoning": ["true"],
+    "serialise-assignments": ["false"],
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vigil-vnnlib", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", action="store_true", help="print the solver's name")
+    parser.add_argument("--version", action="store_true", help="print the solver's version")
+    sub = parser.add_subparsers(dest="command")
+    v = sub.add_parser("verify", help="decide a query")
+    v.add_argument("query", type=Path, help="VNN-LIB query (.vnnlib or .vnnlib.gz)")
+    v.add_argument(
+        "--network",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL.onnx",
+        help="the ONNX file of a network the query declares",
+    )
+    v.add_argument("--timeout", type=int, default=300, help="seconds (default 300)")
+    s = sub.add_parser("supports", help="what this solver handles")
+    which = s.add_mutually_exclusive_group(required=True)
+    for capability in CAPABILITIES:
+        which.add_argument(f"--{capability}", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.name:
+        print(NAME)
+        return 0
+    if args.version:
+        print(__version__)
+        return 0
+    if args.command == "supports":
+        for capability, answer in CAPABILITIES.items():
+            if getattr(args, capability.replace("-", "_")):
+                print("\n".join(answer))
+        return 0
+    if args.command != "verify":
+        build_parser().print_usage(sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        query = read_query(args.query)
+        model = _network(query, args.network)
+        _check_types(query)
+        if args.timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {args.timeout}")
+        network, runner = load_checked(model)
+        left = args.timeout - (time.monotonic() - started)
+        verdict = verify(network, query, runner, timeout=max(left, 0.0))
+    except ValueError as e:
+        print(f"vigil-vnnlib verify: error: {e}", file=sys.stderr)
+        return 2
+    print(RESULTS[verdict.result])
+    if verdict.result == "sat":
+        print(assignment(query, verdict), end="")
+    return 0
+
+
+def _network(query: Query, given: list[str]) -> Path:
+    """The ONNX file for the query's one network."""
+    if len(given) != 1:
+        raise ValueError(f"one --network is needed for the query's one network, got {len(given)}")
+    name, sep, path = given[0].rpartition("=")
+    if sep and query.network is not None and name != query.network:
+        raise ValueError(f"--network names {name!r}, the query declares {query.network!r}")
+    model = Path(path if sep else given[0])
+    if not model.is_file():
+        raise ValueError(f"--network {given[0]}: no such file")
+    return model
+
+
+def _check_types(query: Query) -> None:
+    """The standard's rule: a solver refuses element types it cannot analyse soundly; Vigil's
+    bounds are sound over the reals (a query opts in by declaring its tensors ``real``)."""
+    for v in query.variables:
+        if v.dtype != "real":
+            raise ValueError(
+                f"{v.name} is declared {v.dtype}; Vigil's analysis is sound for real "
+                "arithmetic only: declare the query's tensors as real to accept that"
+            )
+
+
+def assignment(query: Query, verdict: Verdict) -> str:
+    """Every declared variable of a counterexample, as the standard prints them."""
+    assert verdict.x is not None and verdict.y is not None
+    values = np.concatenate([verdict.x, verdict.y])
+    lines, at = [], 0
+    for v in query.variables:
+        size = int(np.prod(v.shape))
+        dims = ",".join(str(d) for d in v.shape)
+        lines.append(f"{v.name} {v.dtype} [{dims}]")
+        lines += [repr(float(value)) for value in values[at : at + size]]
+        at += size
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,41 @@
+"""The command line builds only the parser of the command it names, so a command starts
+without the libraries of the others."""
+
+from __future__ import annotations
+
+import argparse
+import pkgutil
+import subprocess
+import sys
+
+import vigil.daemon.cli as cli
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple]:
+    out: list[tuple] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _commands(sub, (*prefix, name)) or [(*prefix, name)]
+    return out
+
+
+def test_every_command_line_finds_its_module():
+    modules = {i.name for i in pkgutil.iter_modules(cli.__path__) if not i.name.startswith("_")}
+    commands = _commands(cli.build_parser([]))
+    assert len(commands) == len(modules)
+    for command in commands:
+        named = cli._named(list(command))
+        assert named in modules, command
+        alone = _commands(cli.build_parser([*command, "--help"]))
+        assert [c for c in alone if c[0] not in cli.GROUPS or len(c) > 1] == [command]
+
+
+def test_verify_vnnlib_starts_without_the_daemons_libraries():
+    probe = (
+        "import sys; from vigil.daemon.cli import build_parser; "
+        "build_parser(['verify', 'vnnlib']); "
+        "print(sorted(m for m in ('aiokafka', 'dd', 'faiss', 'sklearn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
