@@ -72,27 +72,39 @@ def fenced(error: BaseException) -> bool:
 class BrokerProbe:
     """Asks the cluster for its broker list, over a connection of its own: whether any
     broker answers within a time limit (a paused broker still accepts connections, so
-    only an answer counts)."""
+    only an answer counts). After a probe without an answer the next one starts from a new
+    client and the bootstrap servers, so no connection or metadata left from before an
+    outage can keep it from seeing the cluster back."""
 
     def __init__(self, servers: str, security: KafkaSecurity, client_id: str = "vigil") -> None:
-        self._client = AIOKafkaClient(
+        self._options = {
             **security.client_options(),
-            bootstrap_servers=servers,
-            client_id=f"{client_id}-probe",
-        )
+            "bootstrap_servers": servers,
+            "client_id": f"{client_id}-probe",
+        }
+        self._client = AIOKafkaClient(**self._options)
         self._bootstrapped = False
+        self._stale = False
 
     async def answers(self, timeout: float) -> bool:
         """Whether any broker answers within ``timeout`` (all are asked at once, so one that
         hangs does not hide the others)."""
+        if self._stale:
+            await self._replace(timeout)
         if not self._bootstrapped:
             try:
                 async with asyncio.timeout(timeout):
                     await self._client.bootstrap()
             except (KafkaError, OSError, TimeoutError):
+                self._stale = True
                 return False
             self._bootstrapped = True
             return True
+        answered = await self._ask_all(timeout)
+        self._stale = not answered
+        return answered
+
+    async def _ask_all(self, timeout: float) -> bool:
         asks = [
             asyncio.ensure_future(self._client.send(b.nodeId, MetadataRequest([])))
             for b in self._client.cluster.brokers()
@@ -111,6 +123,15 @@ class BrokerProbe:
             for ask in asks:
                 ask.cancel()
             await asyncio.gather(*asks, return_exceptions=True)
+
+    async def _replace(self, timeout: float) -> None:
+        old, self._client = self._client, AIOKafkaClient(**self._options)
+        self._bootstrapped = self._stale = False
+        try:
+            async with asyncio.timeout(timeout):
+                await old.close()
+        except (KafkaError, OSError, TimeoutError):
+            pass
 
     async def close(self) -> None:
         await self._client.close()
