@@ -3,6 +3,10 @@ and verify with the standard's result words and assignment format."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -79,3 +83,11 @@ def test_verify_refuses_what_it_cannot_answer(model, tmp_path, capsys, text, net
     query.write_text(text)
     assert main(["verify", str(query), "--network", network.format(path=path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_installed_entry_point_answers():
+    script = Path(sys.executable).parent / "vigil-vnnlib"
+    if not script.exists():
+        pytest.skip(f"{script} absent: install the package (make test does) to get the script")
+    done = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == __version__
