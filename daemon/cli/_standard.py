@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from vigil import __version__
+from vigil.daemon.cli.verify_vnnlib import solve
 from vigil.rules.graph import CONVERTERS
-from vigil.rules.reach.complete import Verdict, verify
-from vigil.rules.reach.network import load_checked
+from vigil.rules.reach.complete import Verdict
 from vigil.rules.reach.query import Query
 from vigil.rules.reach.vnnlib import read_query
 
@@ -89,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         query = read_query(args.query)
         model = _network(query, args.network)
         _check_types(query)
-        if args.timeout <= 0:
-            raise ValueError(f"--timeout must be positive, got {args.timeout}")
-        network, runner = load_checked(model)
-        left = args.timeout - (time.monotonic() - started)
-        verdict = verify(network, query, runner, timeout=max(left, 0.0))
+        verdict = solve(model, query, args.timeout, started)
     except ValueError as e:
         print(f"vigil-vnnlib verify: error: {e}", file=sys.stderr)
         return 2

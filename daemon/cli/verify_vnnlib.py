@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -13,6 +14,7 @@ import orjson
 from vigil.daemon.cli._args import out_path
 from vigil.rules.reach.complete import Verdict, verify
 from vigil.rules.reach.network import load_checked
+from vigil.rules.reach.query import Query
 from vigil.rules.reach.vnnlib import read_query
 
 GROUP = "verify"
@@ -35,27 +37,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def solve(model: Path, spec: Path, timeout: float, started: float) -> Verdict:
-    """Load, check and decide; the time already spent counts against ``timeout``."""
+def solve(
+    model: Path,
+    query: Query,
+    timeout: float,
+    started: float,
+    progress: Callable[[dict[str, int]], None] | None = None,
+) -> Verdict:
+    """Load and check the model, then decide the query; the time already spent since
+    ``started`` counts against ``timeout``."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
-    if not model.is_file():
-        raise ValueError(f"{model}: no such file")
-    query = read_query(spec)
     network, runner = load_checked(model)
     if query.inputs != network.input_dim or query.outputs != network.output_dim:
         raise ValueError(
-            f"{spec.name} is over {query.inputs} inputs and {query.outputs} outputs, "
+            f"the property is over {query.inputs} inputs and {query.outputs} outputs, "
             f"{model.name} has {network.input_dim} and {network.output_dim}"
         )
     left = timeout - (time.monotonic() - started)
-
-    def progress(stats: dict[str, int]) -> None:
-        print(f"vigil verify vnnlib: {orjson.dumps(stats).decode()}", file=sys.stderr)
-
     verdict = verify(network, query, runner, timeout=max(left, 0.0), progress=progress)
     verdict.seconds = time.monotonic() - started
     return verdict
+
+
+def _progress(stats: dict[str, int]) -> None:
+    print(f"vigil verify vnnlib: {orjson.dumps(stats).decode()}", file=sys.stderr)
 
 
 def result_file(verdict: Verdict) -> str:
@@ -76,7 +82,9 @@ def result_file(verdict: Verdict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    verdict = solve(args.model, args.spec, args.timeout, started)
+    if not args.model.is_file():
+        raise ValueError(f"{args.model}: no such file")
+    verdict = solve(args.model, read_query(args.spec), args.timeout, started, _progress)
     out: dict[str, object] = {
         "result": verdict.result,
         "seconds": round(verdict.seconds, 4),
