@@ -63,6 +63,18 @@ def output_bounds(
     return OutputBounds(upper, gradient)
 
 
+def relu_relaxation(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Linear bounds of ReLU on [lo, hi]: the upper one ``chord * z + shift`` (the chord of
+    a crossing neuron), the lower one ``floor * z`` (0 or the identity, whichever loses
+    less area: the CROWN choice); a stable neuron's both are exact."""
+    crossing = (lo < 0) & (hi > 0)
+    active = (lo >= 0).astype(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        chord = np.where(crossing, hi / (hi - lo), active)
+    floor = np.where(crossing, (hi > -lo).astype(float), active)
+    return chord, floor, np.where(crossing, -chord * lo, 0.0)
+
+
 def _back_substitute(
     weights: tuple[np.ndarray, ...],
     biases: tuple[np.ndarray, ...],
@@ -86,12 +98,9 @@ def _back_substitute(
         sub = lam[:, :, cols]
         lam *= (lo >= 0)[:, None, :]  # a stable neuron passes or stops, whatever the sign
         if cols.size:
-            lo_c, hi_c, cross = lo[:, cols], hi[:, cols], crossing[:, cols]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                chord = np.where(cross, hi_c / (hi_c - lo_c), lo_c >= 0)
-            floor = np.where(cross, hi_c > -lo_c, lo_c >= 0)
+            chord, floor, shift = relu_relaxation(lo[:, cols], hi[:, cols])
             up = np.maximum(sub, 0.0)
-            const += np.einsum("bkn,bn->bk", up, np.where(cross, -chord * lo_c, 0.0))
+            const += np.einsum("bkn,bn->bk", up, shift)
             lam[:, :, cols] = up * chord[:, None, :] + (sub - up) * floor[:, None, :]
         const += lam @ biases[i]
         lam = (lam.reshape(batch * k, -1) @ weights[i]).reshape(batch, k, -1)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vigil.rules.reach.backward import relu_relaxation
 from vigil.rules.reach.network import Network
 
 METHODS = ("symbolic", "interval")
@@ -172,13 +173,8 @@ def _back_substitute(
         lam = _times(lam, network.weights[i])
         if i == 0:
             break
-        lo, hi = state.pre_lo, state.pre_hi
-        crossing = (lo < 0) & (hi > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            chord = np.where(crossing, hi / (hi - lo), (lo >= 0).astype(float))
-        floor = np.where(crossing, (hi > -lo).astype(float), (lo >= 0).astype(float))
+        chord, floor, shift = relu_relaxation(state.pre_lo, state.pre_hi)
         positive = lam >= 0
-        shift = np.where(crossing, -chord * lo, 0.0)
         const += (np.where(positive, lam, 0.0) @ shift[:, :, None])[:, :, 0]
         lam *= np.where(positive, chord[:, None, :], floor[:, None, :])
     eq[:, :-1, :] += lam.transpose(0, 2, 1)  # layer 0's input is the network input itself
