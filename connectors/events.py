@@ -95,33 +95,6 @@ def decode_decision(record: Record) -> Decision:
     return _check_envelope(record, event)
 
 
-BATCH_HEADER = "vigil-decisions"
-"""The header of a record holding a request's decisions, one per row (the decisions topic of
-a serving-stack rule): ``{"id", "model", "x": [[...], ...], "y": [...]}``, the decisions
-named ``<id>/<row>``."""
-
-
-def decode_decisions(record: Record) -> list[Decision]:
-    """The decisions of a record with ``BATCH_HEADER``, in row order, all at its offset."""
-    try:
-        event = orjson.loads(record.value or b"")
-    except orjson.JSONDecodeError as e:
-        raise _classify_undecodable(record.value or b"", e) from None
-    if not (
-        type(event) is dict
-        and type(xs := event.get("x")) is list
-        and type(ys := event.get("y")) is list
-        and len(xs) == len(ys)
-        and type(model := event.get("model")) is str
-        and type(ident := event.get("id")) is str
-    ):
-        raise BadEvent("schema", "a decisions record needs id, model, and x and y of one length")
-    return [
-        Decision(record, f"{ident}/{row}", model, x, y, event)
-        for row, (x, y) in enumerate(zip(xs, ys, strict=True))
-    ]
-
-
 def _check_envelope(record: Record, event: Any) -> Decision:
     """The decision in a parsed event, checked field by field; ``BadEvent`` names the first
     problem found."""

@@ -7,13 +7,20 @@ from vigil.connectors.events import Record
 
 
 class MemorySource:
-    """Serves the given records of one partition, those before ``first`` deleted (as by
-    retention); remembers commits."""
+    """Serves the given records of one partition (each with ``headers``), those before
+    ``first`` deleted (as by retention); remembers commits."""
 
-    def __init__(self, topic: str, values: list[bytes | None], first: int = 0) -> None:
+    def __init__(
+        self,
+        topic: str,
+        values: list[bytes | None],
+        first: int = 0,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> None:
         self.tp: TopicPartition = (topic, 0)
         self.values = values
         self.first = first
+        self.headers = headers
         self.commits: list[Offsets] = []
         self._next = first
 
@@ -24,7 +31,10 @@ class MemorySource:
     async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
         start, stop = self._next, min(self._next + max_records, len(self.values))
         self._next = stop
-        return [Record(self.tp[0], 0, i, self.values[i]) for i in range(start, stop)]
+        return [
+            Record(self.tp[0], 0, i, self.values[i], headers=self.headers)
+            for i in range(start, stop)
+        ]
 
     async def commit(self, offsets: Offsets) -> None:
         self.commits.append(dict(offsets))

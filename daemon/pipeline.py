@@ -22,14 +22,13 @@ from functools import partial
 import structlog
 
 from vigil.connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
+from vigil.connectors.batches import BATCH_HEADER, decode_batch
 from vigil.connectors.events import (
-    BATCH_HEADER,
     BadEvent,
     Decision,
     Record,
     dead_letter,
     decode_decision,
-    decode_decisions,
     encode,
     now_iso,
 )
@@ -444,7 +443,7 @@ class Pipeline:
         for r in records:
             try:
                 if r.headers and r.header(BATCH_HEADER) is not None:
-                    batch = decode_decisions(r)
+                    batch = decode_batch(r)
                     if batch:
                         decisions += batch
                         by_model[batch[0].model] += batch
@@ -462,26 +461,33 @@ class Pipeline:
             routed.update(served)
             mine = _of_models(decisions, by_model, served)
             mine = mine[_first_at(mine, self._apply_from[(rule.name, tp)]) :]
-            if not mine:
-                continue
-            result = await rule.check(tp, mine, emit_from)
-            # decisions applied again after a restart; dead letters are not applied
-            replayed = _first_at(mine, emit_from) - sum(
-                1 for record, _, _ in result.dead if record.offset < emit_from
-            )
-            m = self.metrics
-            m.events.labels(rule.name, "checked").inc(result.checked - replayed)
-            m.events.labels(rule.name, "replayed").inc(replayed)
-            m.events.labels(rule.name, "flagged").inc(result.alerts)
-            m.witnesses.labels(rule.name).inc(result.alert_witnesses)
-            m.alerts.labels(rule.name).inc(result.alerts)
-            m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
-            m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
-            out += self._outputs(rule, tp, result, emit_from)
+            step = self.settings.max_batch
+            for part in (mine[i : i + step] for i in range(0, len(mine), step)):
+                out += await self._check(rule, tp, part, emit_from)
         unrouted = sum(len(ds) for model, ds in by_model.items() if model not in routed)
         if unrouted:
             self.metrics.events.labels("", "unrouted").inc(unrouted)
         return out
+
+    async def _check(
+        self, rule: Rule, tp: TopicPartition, decisions: list[Decision], emit_from: int
+    ) -> list[Answer]:
+        """One check of at most ``max_batch`` decisions (a record of a decisions topic holds
+        a request's rows, so a fetch can bring many more), counted in the metrics."""
+        result = await rule.check(tp, decisions, emit_from)
+        # decisions applied again after a restart; dead letters are not applied
+        replayed = _first_at(decisions, emit_from) - sum(
+            1 for record, _, _ in result.dead if record.offset < emit_from
+        )
+        m = self.metrics
+        m.events.labels(rule.name, "checked").inc(result.checked - replayed)
+        m.events.labels(rule.name, "replayed").inc(replayed)
+        m.events.labels(rule.name, "flagged").inc(result.alerts)
+        m.witnesses.labels(rule.name).inc(result.alert_witnesses)
+        m.alerts.labels(rule.name).inc(result.alerts)
+        m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
+        m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
+        return self._outputs(rule, tp, result, emit_from)
 
     def _outputs(
         self, rule: Rule, tp: TopicPartition, result: RuleResult, emit_from: int

@@ -19,6 +19,8 @@ from tests.daemon_harness import (
     wait_http,
     witness_map,
 )
+from vigil.connectors.batches import decode_batch
+from vigil.connectors.events import Record
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.rules.ior import Monitor, MonitorSpec
 
@@ -122,10 +124,9 @@ def rows_of(records: list) -> list[dict]:
     """The decisions of decision-batch records (one per request: ``x`` and ``y`` by row)."""
     out = []
     for r in records:
-        assert ("vigil-decisions", b"1") in list(r.headers)
-        batch = orjson.loads(r.value)
-        for row, (x, y) in enumerate(zip(batch["x"], batch["y"], strict=True)):
-            out.append({"id": f"{batch['id']}/{row}", "model": batch["model"], "x": x, "y": y})
+        record = Record(r.topic, r.partition, r.offset, r.value, r.key, tuple(r.headers))
+        for d in decode_batch(record):
+            out.append({"id": d.id, "model": d.model, "x": d.x.tolist(), "y": d.y})
     return out
 
 

@@ -242,7 +242,7 @@ def _read_embedding(config: IorRuleConfig) -> tuple[OnnxEmbedding, int]:
 def _first_length(decisions: list[Decision], field_name: str = "x") -> int:
     for d in decisions:
         value = getattr(d, field_name)
-        if isinstance(value, list) and value:
+        if isinstance(value, list | np.ndarray) and len(value):
             return len(value)
     return 0
 
@@ -282,10 +282,11 @@ def _configured_input(event: dict[str, Any], config: IorRuleConfig) -> tuple[Any
 def _problem(d: Decision, dim: int, out_dim: int, labels: bool) -> tuple[str, str] | None:
     # booleans count as 0/1 here, as they do on the fast path (np.array), so that the
     # verdict on an event never depends on the batch it arrived in
-    if not isinstance(d.x, list) or not d.x or not all(isinstance(v, int | float) for v in d.x):
+    x = d.x.tolist() if isinstance(d.x, np.ndarray) else d.x  # a row of a decisions batch
+    if not isinstance(x, list) or not x or not all(isinstance(v, int | float) for v in x):
         return "schema", "x must be a non-empty array of numbers"
-    if len(d.x) != dim:
-        return "dimension", f"x has {len(d.x)} values, the rule expects {dim}"
+    if len(x) != dim:
+        return "dimension", f"x has {len(x)} values, the rule expects {dim}"
     if labels:
         if not isinstance(d.y, int) or not -(2**63) <= d.y < 2**63:
             return "schema", "y must be an integer label (64-bit) for this rule"

@@ -282,7 +282,9 @@ def _well_formed(decisions: list[Decision], dim: int | None) -> np.ndarray | Non
     return x.astype(np.float64)
 
 
-def _input_problem(x: list, dim: int | None) -> tuple[str, str] | None:
+def _input_problem(x: list | np.ndarray, dim: int | None) -> tuple[str, str] | None:
+    if isinstance(x, np.ndarray):  # a row of a decisions batch
+        x = x.tolist()
     if not x or not all(isinstance(v, int | float) for v in x):
         return "schema", "x must be a non-empty array of numbers"
     if dim is not None and len(x) != dim:

@@ -7,7 +7,7 @@ transactions):
    id), so a request and its response meet in one partition, in one order;
 2. ``ServingJoin`` pairs them there, its waiting side kept as state (snapshotted, restored,
    replayed like any rule's), and sends each pair's rows as one record of decisions
-   (``BATCH_HEADER``) to the rule's decisions topic keyed by model, so each model's
+   (connectors/batches.py) to the rule's decisions topic keyed by model, so each model's
    decisions have one order in one partition;
 3. the i.o.r. rule itself reads the decisions topic.
 
@@ -20,17 +20,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import orjson
-
 from vigil.connectors.base import OutMessage, TopicPartition
-from vigil.connectors.events import (
-    BATCH_HEADER,
-    BadEvent,
-    Record,
-    dead_letter,
-    encode,
-    now_iso,
-)
+from vigil.connectors.batches import HEADERS, encode_batch
+from vigil.connectors.events import BadEvent, Record, dead_letter, encode, now_iso
 from vigil.connectors.serving import kserve, seldon
 from vigil.connectors.serving.message import Inference
 from vigil.connectors.serving.rows import TensorSelection, decision_rows
@@ -41,7 +33,6 @@ from vigil.daemon.config import IorRuleConfig, ReachRuleConfig, SeldonConfig, Se
 from vigil.daemon.join import Expired, Join, Waiting
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
-_BATCH = ((BATCH_HEADER, b"1"),)
 """Where a forwarded record came from (its join-topic copy carries them)."""
 
 
@@ -193,9 +184,8 @@ class ServingJoin(Rule):
             return [self._dead(record, request.record, "schema", f"cannot pair the rows: {e!r}")]
         model = self.config.model
         assert model is not None
-        event = {"id": request.inference.request_id, "model": model, "x": x, "y": y}
-        value = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY)
-        message = OutMessage(self.decisions_topic, model.encode(), value, _BATCH)
+        value = encode_batch(request.inference.request_id, model, x, y)
+        message = OutMessage(self.decisions_topic, model.encode(), value, HEADERS)
         result.checked += len(x)
         return [Answer.to(record, message)]
 

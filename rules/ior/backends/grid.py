@@ -9,15 +9,16 @@ Two observations make most real streams cheap:
 * On the remaining features, cells of width ``2 * eps`` on a few well-chosen *grid*
   features mean a neighbour lies in one of at most two cells per grid feature.
 
-Each stored row is hashed from (key values, grid cells, label) into one sorted uint64
-array; a query probes the hashes of its candidate cells under every other label with
-``searchsorted``. Hash collisions only add candidates, which the exact check removes.
-The plan (which features are keys, which are grid features) is chosen greedily by
-probing a sample, and re-made when new data breaks a key feature's spacing or a grid
-feature's magnitude bound. When the history has grown fourfold it is planned again, one
-sample probe per batch (a probe takes a few milliseconds, a whole planning tens); if the
-plan changed, the new plan's table is then filled a slice of the history per batch and
-takes over once it holds every row.
+Each stored row is hashed from (key values, grid cells, label) into sorted uint64
+arrays (a main run and a run of recent rows, merged once it has grown, so that a small
+batch's insert does not copy the whole table); a query probes the hashes of its candidate
+cells under every other label with ``searchsorted``. Hash collisions only add candidates,
+which the exact check removes. The plan (which features are keys, which are grid
+features) is chosen greedily by probing a sample, and re-made when new data breaks a key
+feature's spacing or a grid feature's magnitude bound. When the history has grown fourfold
+it is planned again, one sample probe per batch (a probe takes a few milliseconds, a whole
+planning tens); if the plan changed, the new plan's table is then filled a slice of the
+history per batch and takes over once it holds every row.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class _Table:
         self.width = 2 * eps * (1 + 4 * _MARGIN)
         self.hashes = np.empty(0, dtype=np.uint64)
         self.positions = np.empty(0, dtype=np.int64)
+        self._recent = (self.hashes, self.positions)  # rows inserted since the last merge
         keys, grid = len(plan.keys), len(plan.grid)
         self._grid_weights = _weights(keys, grid)
         self._label_weight = _weights(keys + grid, 1)
@@ -168,17 +170,34 @@ class _Table:
         self.hashes, self.positions = hashes[order], order.astype(np.int64)
 
     def insert(self, hashes: np.ndarray, positions: np.ndarray) -> None:
+        """Add rows to the recent run; it is merged into the main run once it holds about
+        sqrt(main rows x batch rows), where a batch's copying of the recent run costs as
+        much as its share of the merges (a small batch does not copy the whole table)."""
         order = np.argsort(hashes, kind="stable")
-        hashes, positions = hashes[order], positions[order]
-        at = np.searchsorted(self.hashes, hashes, side="right")
-        self.hashes = np.insert(self.hashes, at, hashes)
-        self.positions = np.insert(self.positions, at, positions)
+        self._recent = _merged(self._recent, hashes[order], positions[order])
+        held = len(self._recent[0])
+        if held * held >= len(self.hashes) * len(hashes):
+            self.hashes, self.positions = _merged((self.hashes, self.positions), *self._recent)
+            self._recent = (self.hashes[:0], self.positions[:0])
 
-    def lookup(self, probe_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return (
-            np.searchsorted(self.hashes, probe_hashes, side="left"),
-            np.searchsorted(self.hashes, probe_hashes, side="right"),
-        )
+    def find(self, probe_hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(probe number, stored row) for every stored row whose hash equals a probe."""
+        probes, rows = [], []
+        for hashes, positions in ((self.hashes, self.positions), self._recent):
+            lo = np.searchsorted(hashes, probe_hashes, side="left")
+            hi = np.searchsorted(hashes, probe_hashes, side="right")
+            which, slots = expand_ranges(lo, hi)
+            probes.append(which)
+            rows.append(positions[slots])
+        return np.concatenate(probes), np.concatenate(rows)
+
+
+def _merged(
+    run: tuple[np.ndarray, np.ndarray], hashes: np.ndarray, positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A sorted run with sorted ``hashes`` (and their positions) merged in."""
+    at = np.searchsorted(run[0], hashes, side="right")
+    return np.insert(run[0], at, hashes), np.insert(run[1], at, positions)
 
 
 class GridBackend(Backend):
@@ -230,9 +249,8 @@ class GridBackend(Backend):
         x = h.x[start:stop]
         y = h.y[start:stop] if self.spec.output is OutputKind.LABEL else None
         owner, probe = self._table.probes(x, y, self._labels, self._sums[start:stop])
-        lo, hi = self._table.lookup(probe)
-        which, slots = expand_ranges(lo, hi)
-        q, j = owner[which] + start, self._table.positions[slots]
+        which, j = self._table.find(probe)
+        q = owner[which] + start
         keep = j < q
         return q[keep], j[keep]
 
@@ -352,9 +370,8 @@ class GridBackend(Backend):
         y = h.y[sample] if self.spec.output is OutputKind.LABEL else None
         table.insert(table.row_hashes(h.x[sample], y, sums), sample)
         _, probe = table.probes(h.x[sample], y, self._distinct_labels(sample), sums)
-        lo, hi = table.lookup(probe)
         s = len(sample)
-        candidates = float((hi - lo).sum()) / s * (2 * n / s)
+        candidates = float(len(table.find(probe)[0])) / s * (2 * n / s)
         cost_per_candidate = _COST_PER_CANDIDATE + h.x.shape[1]
         return candidates * cost_per_candidate + len(probe) / s * _COST_PER_PROBE
 
