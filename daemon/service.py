@@ -223,8 +223,9 @@ async def _run(
     if not started:
         log.info("stopping", deadline_seconds=deadline)
         pending = await _close(pipeline, server, time.monotonic() + deadline * _GRACEFUL_SHARE)
-        if pipeline.broker is not None and not pipeline.broker.answered:
-            pending.append("the broker never answered")
+        broker = pipeline.broker
+        if broker is not None and broker.up is False and not broker.answered:
+            pending.append("the broker never answered")  # not: its first answer was on its way
         return _stopped(pipeline, pending)
     collect_between_batches()
     log.info(
