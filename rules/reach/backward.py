@@ -21,12 +21,15 @@ from vigil.rules.reach.network import Network
 
 @dataclass(frozen=True)
 class OutputBounds:
-    """Upper bounds of the rows of C f(x) per box (B, k), and per box and input the width
+    """Upper bounds of the rows of C f(x) per box (B, k); per box and input the width
     times the weight of that input in the bounds of the rows still open (B, d): the inputs
-    whose bisection tightens the open bounds most."""
+    whose bisection tightens the open bounds most; and per box the neurons its
+    pre-activation bounds leave unstable (B,): what an exact MILP of the box must branch
+    on."""
 
     upper: np.ndarray
     gradient: np.ndarray
+    unstable: np.ndarray
 
 
 def output_bounds(
@@ -34,6 +37,20 @@ def output_bounds(
 ) -> OutputBounds:
     """Upper bounds of C f(x) over each box [lo, hi] (B, d); rows with upper bound <= d
     are left out of the split scores."""
+    centre, radius = (lo + hi) / 2, (hi - lo) / 2
+    pre = pre_activation_bounds(network, lo, hi)
+    upper, lam = _back_substitute(network.weights, network.biases, pre, C, centre, radius)
+    open_ = np.ones(upper.shape, dtype=bool) if d is None else upper > d
+    gradient = (np.abs(lam) * open_[:, :, None]).sum(axis=1) * (hi - lo)
+    unstable = sum(((low < 0) & (high > 0)).sum(axis=1) for low, high in pre)
+    return OutputBounds(upper, gradient, np.asarray(unstable))
+
+
+def pre_activation_bounds(
+    network: Network, lo: np.ndarray, hi: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each hidden layer's pre-activation bounds (low, high), each (B, width), over the
+    boxes: interval arithmetic, then back-substitution for the neurons it leaves unstable."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     weights, biases = network.weights, network.biases
     pre: list[tuple[np.ndarray, np.ndarray]] = []
@@ -57,10 +74,7 @@ def output_bounds(
                 low[:, unstable] = np.maximum(low[:, unstable], -upper[:, n:])
         pre.append((low, high))
         post_lo, post_hi = np.maximum(low, 0.0), np.maximum(high, 0.0)
-    upper, lam = _back_substitute(weights, biases, pre, C, centre, radius)
-    open_ = np.ones(upper.shape, dtype=bool) if d is None else upper > d
-    gradient = (np.abs(lam) * open_[:, :, None]).sum(axis=1) * (hi - lo)
-    return OutputBounds(upper, gradient)
+    return pre
 
 
 def relu_relaxation(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

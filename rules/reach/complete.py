@@ -7,7 +7,8 @@ is empty on a box once one of its rows ``c y <= d`` (or an average of some of th
 ``c y > d`` everywhere on it. A box where some polytope stays open is searched from its
 centre and otherwise bisected: along the input whose halves bound best for the first
 splits (strong branching), then along the input with the largest split score. A box too
-small to split further is decided by the MILP (``milp.py``). So the answers are: ``sat``
+small to split further, or one bisected often whose bounds leave few neurons unstable, is
+decided by the MILP (``milp.py``). So the answers are: ``sat``
 with an input the reference evaluator (``confirm``) puts in the unsafe region, ``unsat``
 when every box was closed by sound bounds or an infeasible MILP, ``timeout`` when the time
 ran out first, and ``unknown`` when a box could be decided by neither (the MILP solver gave
@@ -47,6 +48,11 @@ MAX_AVERAGED = 5
 BOX_STEPS = 6
 MILP_WIDTH = 1e-4
 """A box whose widest side (relative to the query's box) is below this goes to the MILP."""
+MILP_DEPTH, MILP_UNSTABLE = 20, 30
+"""A box bisected at least this often whose bounds leave at most this many neurons unstable
+goes to the MILP too: bisection had not closed it, and HiGHS decides such a box in
+milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went from timeouts
+to 52 and 81 s (docs/benchmarks.md)."""
 
 TOLERANCE = 1e-4
 """How far outside the unsafe region the reference output of a counterexample may be: the
@@ -220,6 +226,7 @@ class _BranchAndBound:
         owner = np.repeat(np.arange(len(rows)), [len(d) for _, d in rows])
         self.member = owner[None, :] == np.arange(len(case.unsafe))[:, None]  # (P, R)
         self.width = np.maximum(case.upper - case.lower, 1e-300)
+        self.fixed = case.upper <= case.lower  # inputs with one value: never bisected
         self.stack_lo, self.stack_hi = [case.lower[None]], [case.upper[None]]
         self.stack_open = [np.ones((1, len(case.unsafe)), dtype=bool)]
         self.undecided = any(not len(d) for _, d in case.unsafe)  # the whole output space
@@ -244,7 +251,7 @@ class _BranchAndBound:
             if not live.size:
                 continue
             lo, hi, open_ = lo[live], hi[live], open_[live]
-            grad = bound.gradient[live]
+            grad, unstable = bound.gradient[live], bound.unstable[live]
             found, closest = self.search.descend(
                 self.case, (lo + hi) / 2, lo, hi, BOX_STEPS, step=0.25
             )
@@ -253,13 +260,16 @@ class _BranchAndBound:
             # the halves of the boxes whose search came closest are taken first, depth first
             order = np.argsort(closest, kind="stable")
             lo, hi, open_, grad = lo[order], hi[order], open_[order], grad[order]
-            small = ((hi - lo) / self.width).max(axis=1) < MILP_WIDTH
-            for i in np.flatnonzero(small):
+            share = (hi - lo) / self.width
+            bisections = -np.log2(np.where(self.fixed, 1.0, share)).sum(axis=1)
+            exact = share.max(axis=1) < MILP_WIDTH
+            exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
+            for i in np.flatnonzero(exact):
                 outcome = self._milp(lo[i], hi[i], open_[i], deadline)
                 if isinstance(outcome, tuple):
                     return outcome
                 self.undecided |= outcome == "unknown"
-            split = ~small
+            split = ~exact
             lo, hi, open_, grad = lo[split], hi[split], open_[split], grad[split]
             if len(lo):
                 self._split(lo, hi, open_, grad)
