@@ -18,9 +18,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     for_code,
 )
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer import sender as aiokafka_sender
-from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.protocol.metadata import MetadataRequest
 
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
@@ -296,11 +294,6 @@ append wait for a round trip to the broker, so a delivery of thousands took a se
 limit of 1 MiB."""
 
 
-_PARTITIONER = DefaultPartitioner()
-"""The client's own choice of partition (murmur2 of the key, as the Java client's), so a
-model's decisions and alerts go where ``send`` would have put them."""
-
-
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
     transaction that also commits the consumer offsets (exactly-once processing)."""
@@ -367,28 +360,17 @@ class KafkaSink:
                 )
 
     async def _send_all(self, messages: list[OutMessage]) -> None:
-        """Append the messages to one record batch per partition, in order, and wait for
-        them all. Batches, not ``send`` per message: the client makes a future per message
-        sent, and each asks the OS for the process id (a system call), which was the
-        largest cost of delivering a serving rule's many small records."""
-        producer = self._producer
-        topics = {m.topic for m in messages}
-        partitions = {t: sorted(await producer.partitions_for(t)) for t in topics}
-        batches: dict[TopicPartition, BatchBuilder] = {}
-        futures = []
-        for m in messages:
-            tp = (m.topic, _PARTITIONER(m.key, partitions[m.topic], partitions[m.topic]))
-            headers = list(m.headers) if m.headers else None  # the record builder takes lists
-            batch = batches.get(tp)
-            if batch is None or not batch.append(
-                timestamp=m.timestamp_ms, key=m.key, value=m.value, headers=headers
-            ):
-                if batch is not None:  # full: on its way, and a new one for the rest
-                    futures.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
-                batch = batches[tp] = producer.create_batch()
-                batch.append(timestamp=m.timestamp_ms, key=m.key, value=m.value, headers=headers)
-        for (topic, partition), batch in batches.items():
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
+        send = self._producer.send
+        futures = [
+            await send(
+                m.topic,
+                m.value,
+                key=m.key,
+                headers=list(m.headers) if m.headers else None,  # the record builder takes lists
+                timestamp_ms=m.timestamp_ms,
+            )
+            for m in messages
+        ]
         if futures:
             await asyncio.gather(*futures)
 
