@@ -33,16 +33,22 @@ def box_query(lo, hi, rows: list[str], outputs: int) -> str:
     return text + f"(assert (and {' '.join(rows)}))\n"
 
 
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 3))
-def test_output_bounds_hold_at_the_milp_maximiser(seed, depth):
+def random_problem(seed: int, depth: int, widest: int):
+    """(rng, a random network of 3 inputs, 2 outputs and ``depth`` hidden layers of 2 to
+    ``widest`` neurons, a box lo..hi); the rng goes on for the test's own draws."""
     rng = np.random.default_rng(seed)
-    sizes = [3, *rng.integers(2, 7, size=depth), 2]
+    sizes = [3, *rng.integers(2, widest + 1, size=depth), 2]
     net = Network.from_arrays(
         [(rng.normal(size=(o, i)), rng.normal(size=o)) for i, o in itertools.pairwise(sizes)]
     )
     lo = rng.uniform(-1, 0, 3)
-    hi = lo + rng.uniform(0.01, 1, 3)
+    return rng, net, lo, lo + rng.uniform(0.01, 1, 3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 3))
+def test_output_bounds_hold_at_the_milp_maximiser(seed, depth):
+    rng, net, lo, hi = random_problem(seed, depth, widest=6)
     c = rng.normal(size=(2, 2))
     upper = output_bounds(net, lo[None], hi[None], c).upper[0]
     for row in range(2):
@@ -59,13 +65,7 @@ def test_the_milp_finisher_agrees_with_the_oracle(seed, depth, side):
     """The finisher's big-M constants are back-substituted bounds (tighter than the
     oracle's interval ones): its verdict on ``c y <= d`` matches the oracle's optimum, with d
     0.01 on either side of it."""
-    rng = np.random.default_rng(seed)
-    sizes = [3, *rng.integers(2, 8, size=depth), 2]
-    net = Network.from_arrays(
-        [(rng.normal(size=(o, i)), rng.normal(size=o)) for i, o in itertools.pairwise(sizes)]
-    )
-    lo = rng.uniform(-1, 0, 3)
-    hi = lo + rng.uniform(0.01, 1, 3)
+    rng, net, lo, hi = random_problem(seed, depth, widest=7)
     c = rng.normal(size=(1, 2))
     # the least c y over the box: -max(-c y)
     best = -max_violation(net, InputSet(lo, hi), OutputSpec(-c, [0.0]))[0]
