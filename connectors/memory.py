@@ -7,15 +7,15 @@ from vigil.connectors.events import Record
 
 
 class MemorySource:
-    """Serves the given records of one partition (each with ``headers``), those before
-    ``first`` deleted (as by retention); remembers commits."""
+    """Serves the given records of one partition (record ``i`` with ``headers[i]``, when
+    given), those before ``first`` deleted (as by retention); remembers commits."""
 
     def __init__(
         self,
         topic: str,
         values: list[bytes | None],
         first: int = 0,
-        headers: tuple[tuple[str, bytes], ...] = (),
+        headers: list[tuple[tuple[str, bytes], ...]] | None = None,
     ) -> None:
         self.tp: TopicPartition = (topic, 0)
         self.values = values
@@ -32,7 +32,9 @@ class MemorySource:
         start, stop = self._next, min(self._next + max_records, len(self.values))
         self._next = stop
         return [
-            Record(self.tp[0], 0, i, self.values[i], headers=self.headers)
+            Record(
+                self.tp[0], 0, i, self.values[i], headers=self.headers[i] if self.headers else ()
+            )
             for i in range(start, stop)
         ]
 

@@ -29,7 +29,6 @@ DECISION_OUTCOMES = ("checked", "flagged", "replayed", "dead_letter")
 RULE_OUTCOMES: dict[str, tuple[str, ...]] = {
     "certify": ("checked", "dead_letter"),
     "serving-forward": ("checked", "dead_letter"),
-    "serving-join": ("checked", "dead_letter"),
 }
 """Outcomes of the rule kinds that read records of their own instead of decisions."""
 UNROUTED_OUTCOMES = ("unrouted", "dead_letter")

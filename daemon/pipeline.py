@@ -22,7 +22,6 @@ from functools import partial
 import structlog
 
 from vigil.connectors.base import Offsets, OutMessage, Sink, Source, TopicPartition
-from vigil.connectors.batches import BATCH_HEADER, decode_batch
 from vigil.connectors.events import (
     BadEvent,
     Decision,
@@ -434,7 +433,9 @@ class Pipeline:
             apply_from = self._apply_from[(rule.name, tp)]
             mine = [r for r in records if r.offset >= apply_from]
             if mine:
-                out += self._outputs(rule, tp, await rule.handle(tp, mine, emit_from), emit_from)
+                result = await rule.handle(tp, mine, emit_from)
+                out += self._outputs(rule, tp, result, emit_from)
+                out += await self._check_all(rule, tp, result.decisions, emit_from)
         rules = [r for r in rules if r.wants_decisions(tp[0])]
         if not rules:
             return out
@@ -442,12 +443,6 @@ class Pipeline:
         by_model: dict[str, list[Decision]] = defaultdict(list)
         for r in records:
             try:
-                if r.headers and r.header(BATCH_HEADER) is not None:
-                    batch = decode_batch(r)
-                    if batch:
-                        decisions += batch
-                        by_model[batch[0].model] += batch
-                    continue
                 d = decode_decision(r)
             except BadEvent as e:
                 if r.offset >= emit_from:
@@ -461,19 +456,28 @@ class Pipeline:
             routed.update(served)
             mine = _of_models(decisions, by_model, served)
             mine = mine[_first_at(mine, self._apply_from[(rule.name, tp)]) :]
-            step = self.settings.max_batch
-            for part in (mine[i : i + step] for i in range(0, len(mine), step)):
-                out += await self._check(rule, tp, part, emit_from)
+            out += await self._check_all(rule, tp, mine, emit_from)
         unrouted = sum(len(ds) for model, ds in by_model.items() if model not in routed)
         if unrouted:
             self.metrics.events.labels("", "unrouted").inc(unrouted)
         return out
 
+    async def _check_all(
+        self, rule: Rule, tp: TopicPartition, decisions: list[Decision], emit_from: int
+    ) -> list[Answer]:
+        """Check ``decisions`` in order, ``max_batch`` at a time: a rule that makes decisions
+        of the records it reads (a serving stack's requests of many rows) can have many more
+        than a fetch has records, and the monitor's cost grows faster than a batch's size."""
+        out: list[Answer] = []
+        step = self.settings.max_batch
+        for start in range(0, len(decisions), step):
+            out += await self._check(rule, tp, decisions[start : start + step], emit_from)
+        return out
+
     async def _check(
         self, rule: Rule, tp: TopicPartition, decisions: list[Decision], emit_from: int
     ) -> list[Answer]:
-        """One check of at most ``max_batch`` decisions (a record of a decisions topic holds
-        a request's rows, so a fetch can bring many more), counted in the metrics."""
+        """One check of at most ``max_batch`` decisions, counted in the metrics."""
         result = await rule.check(tp, decisions, emit_from)
         # decisions applied again after a restart; dead letters are not applied
         replayed = _first_at(decisions, emit_from) - sum(

@@ -89,7 +89,7 @@ def build_rules(config: Config, metrics: Metrics) -> list[Rule]:
 
 def internal_topics(config: Config) -> dict[str, list[str]]:
     """The topics Vigil creates for its serving-stack rules, each with the topics its
-    partition count follows."""
+    partition count follows (none: one partition)."""
     if config.kafka is None:
         return {}
     out: dict[str, list[str]] = {}
@@ -97,8 +97,7 @@ def internal_topics(config: Config) -> dict[str, list[str]]:
         if getattr(rule, "format", "vigil") == "vigil":
             continue
         stages = serving_topics(rule, config.seldon, config.kafka.group_id)
-        out[stages.join] = sorted(stages.sources)
-        out[stages.decisions] = sorted(stages.sources)
+        out[stages.join] = []
     return out
 
 

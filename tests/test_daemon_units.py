@@ -19,7 +19,6 @@ import orjson
 import pytest
 
 from tests.oracle import largest_ratios, witness_sets
-from vigil.connectors.batches import HEADERS, encode_batch
 from vigil.connectors.events import BadEvent, Record, dead_letter, decode_decision, encode
 from vigil.connectors.memory import MemorySink, MemorySource
 from vigil.daemon.adapters import IorRule
@@ -387,62 +386,6 @@ def test_each_rule_checks_the_decisions_of_its_model_in_stream_order(tmp_path, s
         assert rule.monitors[("t", 0)].history.ids == expected
     unrouted = [i for i in valid if models[i] not in ("a", second) and second is not None]
     assert metrics.events.labels("", "unrouted")._value.get() == len(unrouted)
-
-
-def test_decisions_records_are_checked_in_batches_of_at_most_max_batch(tmp_path):
-    """A fetch of max_batch records of a decisions topic holds many more decisions (a
-    request's rows each): they are checked max_batch at a time, in order, and the witness
-    sets are those of the whole stream checked at once."""
-    rng = np.random.default_rng(4)
-    x = rng.integers(0, 6, size=(40 * 16, 3)) / 6
-    y = rng.integers(0, 2, size=40 * 16)
-    values = [
-        encode_batch(f"r{i}", "m", x[16 * i : 16 * i + 16], y[16 * i : 16 * i + 16])
-        for i in range(40)
-    ]
-    source = MemorySource("t", values, headers=HEADERS)
-    pipeline, source, rule = _pipeline([], FileStore(tmp_path), every=10**6, source=source)
-    sizes = []
-    check = rule.check
-
-    async def recorded(tp, decisions, emit_from):
-        sizes.append(len(decisions))
-        return await check(tp, decisions, emit_from)
-
-    rule.check = recorded
-
-    async def run() -> None:
-        await source.start(pipeline.on_assign, pipeline.on_revoke)
-        await pipeline.run(asyncio.Event(), until_idle=True)
-
-    asyncio.run(run())
-    assert sum(sizes) == len(x) and max(sizes) == 37  # _pipeline's max_batch
-    names = [f"r{i // 16}/{i % 16}" for i in range(len(x))]
-    assert rule.monitors[("t", 0)].history.ids == names
-    flagged = {
-        e["decision"]["id"]: sorted(w["id"] for w in e["witnesses"])
-        for e in (orjson.loads(m.value) for m in pipeline.sink.messages)
-    }
-    truth = witness_sets(x, y, 0.25)
-    expected = {names[i]: sorted(names[j] for j, _ in w) for i, w in enumerate(truth) if w}
-    assert flagged == expected and flagged
-
-
-def test_rows_of_a_decisions_record_too_narrow_for_the_rule_are_dead_letters(tmp_path):
-    good = encode_batch("a", "m", np.zeros((2, 4)), np.array([0, 1]))
-    narrow = encode_batch("b", "m", np.zeros((3, 3)), np.array([0, 1, 0]))
-    source = MemorySource("t", [good, narrow], headers=HEADERS)
-    pipeline, source, rule = _pipeline([], FileStore(tmp_path), source=source, dim=4)
-
-    async def run() -> None:
-        await source.start(pipeline.on_assign, pipeline.on_revoke)
-        await pipeline.run(asyncio.Event(), until_idle=True)
-
-    asyncio.run(run())
-    dead = [orjson.loads(m.value) for m in pipeline.sink.messages if m.topic == "dead"]
-    assert [(d["reason"], d["source"]["offset"]) for d in dead] == [("dimension", 1)] * 3
-    assert all("x has 3 values, the rule expects 4" in d["error"] for d in dead)
-    assert rule.monitors[("t", 0)].history.ids == ["a/0", "a/1"]
 
 
 class _AtTheEnd(MemorySource):

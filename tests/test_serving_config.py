@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vigil.daemon.adapters.serving import serving_topics
 from vigil.daemon.config import ConfigError, parse_config
 from vigil.daemon.service import internal_topics
 
@@ -59,10 +60,9 @@ def test_the_topics_a_seldon_rule_reads_and_makes():
             seldon={"prefix": "sc"},
         )
     )
-    assert internal_topics(parsed) == {
-        "g.r.join": ["sc.prod.pipeline.iris.inputs", "sc.prod.pipeline.iris.outputs"],
-        "g.r.decisions": ["sc.prod.pipeline.iris.inputs", "sc.prod.pipeline.iris.outputs"],
-    }
+    stages = serving_topics(parsed.rules[0], parsed.seldon, "g")
+    assert stages.sources == {"sc.prod.pipeline.iris.inputs", "sc.prod.pipeline.iris.outputs"}
+    assert internal_topics(parsed) == {"g.r.join": []}  # one partition
     features = parse_config(
         config(
             {

@@ -16,11 +16,10 @@ from tests.daemon_harness import (
     Daemon,
     consume_all,
     create_topic,
+    metric_samples,
     wait_http,
     witness_map,
 )
-from vigil.connectors.batches import decode_batch
-from vigil.connectors.events import Record
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.rules.ior import Monitor, MonitorSpec
 
@@ -94,9 +93,14 @@ async def send_seldon(bootstrap: str, tag: str, x, y, batch, side: str, pace: fl
         await producer.stop()
 
 
-async def read_decisions(bootstrap: str, topic: str, expect: int, timeout: float = 120) -> list:
-    """The committed decision events of ``topic`` in the order of the partition that holds
-    model "iris" (one partition holds each model)."""
+async def joined(
+    bootstrap: str, topic: str, rows: dict[str, tuple[np.ndarray, np.ndarray]], timeout=120
+) -> list[dict]:
+    """The decisions the daemon's join makes of its join topic, by an oracle: each request
+    paired with its response when the later of the two comes in the topic's (committed)
+    order, its rows those the test sent (``rows``: request id -> x, y), without timeouts.
+    Asserts that the topic holds each side of each request once: nothing was lost or
+    forwarded twice."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -105,29 +109,51 @@ async def read_decisions(bootstrap: str, topic: str, expect: int, timeout: float
         enable_auto_commit=False,
     )
     await consumer.start()
-    out: dict[int, list] = {}
+    sides: list[tuple[str, str]] = []
     deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline and sum(map(len, out.values())) < expect:
-            for tp, records in (await consumer.getmany(timeout_ms=300)).items():
-                out.setdefault(tp.partition, []).extend(rows_of(records))
+        while time.monotonic() < deadline and len(sides) < 2 * len(rows):
+            for records in (await consumer.getmany(timeout_ms=300)).values():
+                sides += [_side(r.headers) for r in records]
         await asyncio.sleep(2)  # anything more (a duplicate) would arrive now
-        for tp, records in (await consumer.getmany(timeout_ms=500)).items():
-            out.setdefault(tp.partition, []).extend(rows_of(records))
+        for records in (await consumer.getmany(timeout_ms=500)).values():
+            sides += [_side(r.headers) for r in records]
     finally:
         await consumer.stop()
-    assert len(out) <= 1, f"one model's decisions on several partitions: {sorted(out)}"
-    return next(iter(out.values()), [])
-
-
-def rows_of(records: list) -> list[dict]:
-    """The decisions of decision-batch records (one per request: ``x`` and ``y`` by row)."""
+    assert sorted(sides) == sorted((i, side) for i in rows for side in ("request", "response"))
+    waiting: set[str] = set()
     out = []
-    for r in records:
-        record = Record(r.topic, r.partition, r.offset, r.value, r.key, tuple(r.headers))
-        for d in decode_batch(record):
-            out.append({"id": d.id, "model": d.model, "x": d.x.tolist(), "y": d.y})
+    for ident, _ in sides:
+        if ident not in waiting:
+            waiting.add(ident)
+            continue
+        x, y = rows[ident]
+        out += [{"id": f"{ident}/{i}", "x": x[i].tolist(), "y": int(y[i])} for i in range(len(x))]
     return out
+
+
+def _side(headers) -> tuple[str, str]:
+    """(request id, request or response) of a join-topic record, from the serving stack's
+    headers: Seldon's x-request-id and source topic, KServe's event id and type."""
+    h = {name: value.decode() for name, value in headers}
+    if "ce_id" in h:
+        return h["ce_id"], h["ce_type"].rpartition(".")[2]
+    return h["x-request-id"], "request" if h["vigil-topic"].endswith(".inputs") else "response"
+
+
+async def checked(port: int, at_least: int, timeout: float = 60) -> list:
+    """The /metrics samples once rule "iris" has checked ``at_least`` decisions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = metric_samples(await wait_http(port, "/metrics"))
+        done = sum(
+            s.value
+            for s in samples
+            if s.name == "vigil_events_total" and s.labels == {"rule": "iris", "outcome": "checked"}
+        )
+        if done >= at_least or time.monotonic() > deadline:
+            return samples
+        await asyncio.sleep(0.2)
 
 
 def offline(decisions: list[dict], eps: float) -> dict[str, list[str]]:
@@ -183,7 +209,7 @@ async def test_seldon_traffic_is_checked_exactly_once_through_a_kill_between_req
         instances[name] = d
         return d
 
-    decisions_topic = f"vigil-{tag}.iris.decisions"
+    join_topic = f"vigil-{tag}.iris.join"
     try:
         a, b = start("a"), start("b")
         await send_seldon(kafka_bootstrap, tag, x, y, batch[:half], "request")
@@ -199,21 +225,21 @@ async def test_seldon_traffic_is_checked_exactly_once_through_a_kill_between_req
         b.wait(30)
         start("b")
         await send_seldon(kafka_bootstrap, tag, x, y, batch[half:], "response", 0.05)
-        decisions = await read_decisions(kafka_bootstrap, decisions_topic, len(x))
+        sent = {r: (x[rows], y[rows]) for r, _, rows in batch}
+        decisions = await joined(kafka_bootstrap, join_topic, sent)
         expected = offline(decisions, 0.04)
         alerts = await consume_all(kafka_bootstrap, a.alerts_topic, len(expected), 120)
         running = [d.running() for d in instances.values()]
+        histories = [
+            s.value
+            for d in instances.values()
+            for s in metric_samples(await wait_http(d.port, "/metrics"))
+            if s.name == "vigil_history_size" and s.labels["rule"] == "iris"
+        ]
     finally:
         for d in instances.values():
             d.kill()
-    ids = [d["id"] for d in decisions]
-    wanted = [f"{r}/{i}" for r, _, rows in batch for i in range(rows.stop - rows.start)]
-    assert sorted(ids) == sorted(wanted), "a decision was lost or doubled"
-    by_id = {d["id"]: d for d in decisions}
-    for request_id, _, rows in batch:  # each row as sent, with its own label
-        for i, row in enumerate(range(rows.start, rows.stop)):
-            assert by_id[f"{request_id}/{i}"]["x"] == x[row].tolist()
-            assert by_id[f"{request_id}/{i}"]["y"] == int(y[row])
+    assert histories == [len(x)], "the checker lost or doubled a decision"
     alert_ids = [a["decision"]["id"] for a in alerts if a["rule"] == "iris"]
     assert len(alert_ids) == len(set(alert_ids)), "an alert was duplicated"
     got = witness_map([a for a in alerts if a["rule"] == "iris"])
@@ -294,18 +320,17 @@ async def test_a_kserve_topic_mixing_two_inference_services(kafka_bootstrap, tmp
             await producer.flush()
         finally:
             await producer.stop()
-        decisions = {
-            name: await read_decisions(kafka_bootstrap, f"vigil-{daemon.tag}.{name}.decisions", 600)
-            for name in ("credit", "risk")
-        }
+        decisions = {}
+        for name, prefix in (("credit", "c"), ("risk", "r")):
+            sent = {f"{prefix}{i}": (x[i : i + 3], y[i : i + 3]) for i in range(0, len(x), 3)}
+            join_topic = f"vigil-{daemon.tag}.{name}.join"
+            decisions[name] = await joined(kafka_bootstrap, join_topic, sent)
         expected = {name: offline(ds, 0.04) for name, ds in decisions.items()}
         total = sum(map(len, expected.values()))
         alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, total, 120)
     finally:
         daemon.kill()
-    for name, prefix in (("credit", "c"), ("risk", "r")):
-        ids = [d["id"] for d in decisions[name]]
-        assert sorted(ids) == sorted(f"{prefix}{i}/{r}" for i in range(0, 600, 3) for r in range(3))
+    for name in ("credit", "risk"):
         mine = [a for a in alerts if a["rule"] == name]
         assert witness_map(mine) == expected[name]
         assert all(a["model"] == name for a in mine)
@@ -348,24 +373,24 @@ async def test_bad_serving_traffic_goes_to_dead_letters_and_the_rest_is_checked(
         await wait_http(daemon.port, "/readyz")
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
-        decisions_topic = f"vigil-{tag}.iris.decisions"
         try:
             for n, (topic, request_id, value, at) in enumerate(sent):
                 if n == len(sent) - 2:  # once the others are joined: stream time moves on
                     await producer.flush()
-                    await read_decisions(kafka_bootstrap, decisions_topic, 40)
+                    await checked(daemon.port, 40)
                 key = f"0.iris.{request_id}".encode()
                 await producer.send(topic, value, key=key, timestamp_ms=at)
             await producer.flush()
         finally:
             await producer.stop()
-        decisions = await read_decisions(kafka_bootstrap, decisions_topic, 80)
         dead = await consume_all(kafka_bootstrap, daemon.dead_topic, 6, 60)
+        samples = await checked(daemon.port, 80)
         body = await wait_http(daemon.port, "/metrics")
         assert daemon.running()
     finally:
         daemon.kill()
-    assert [d["id"] for d in decisions] == [f"good{k}/{i}" for k in (1, 2) for i in range(40)]
+    history = [s.value for s in samples if s.name == "vigil_history_size"]
+    assert history == [80], "the rows of good1 and good2, and no other"
     letters = sorted((d["reason"], d["source"]["topic"], d["error"]) for d in dead)
     reasons = [(reason, topic) for reason, topic, _ in letters]
     assert reasons == [
@@ -385,9 +410,7 @@ async def test_bad_serving_traffic_goes_to_dead_letters_and_the_rest_is_checked(
         "unmatched response 'cut'",
     ):
         assert fragment in errors, errors
-    assert (
-        'vigil_serving_unmatched_total{rule="iris.join",side="request",why="timeout"} 1.0' in body
-    )
+    assert 'vigil_serving_unmatched_total{rule="iris",side="request",why="timeout"} 1.0' in body
 
 
 async def test_a_reach_rule_on_seldon_traffic_verifies_the_inputs_the_model_saw(

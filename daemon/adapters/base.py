@@ -65,10 +65,12 @@ class Answer:
 @dataclass
 class RuleResult:
     """What a rule made of one batch: its finished outputs (alerts and other events, each
-    with the record it answers), its dead letters, and counts for the metrics."""
+    with the record it answers), its dead letters, counts for the metrics, and (a rule that
+    reads records and makes decisions of them) the decisions for its own ``check``."""
 
     events: list[Answer] = field(default_factory=list)
     dead: list[tuple[Record, str, str]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
     checked: int = 0
     alerts: int = 0
     alert_witnesses: int = 0
@@ -93,9 +95,10 @@ class Rule:
     """What the pipeline asks of a rule. Defaults suit a stateless rule without jobs.
 
     A rule reads decisions (``check``, records decoded by the pipeline) or raw records
-    (``handle``) per topic. Work offloaded to a pool finishes later: ``completed`` hands over
-    its events, and ``hold`` names the oldest record of a partition still waiting for one, so
-    the pipeline commits no further.
+    (``handle``) per topic; a record rule may return decisions of its own making, which the
+    pipeline then passes to its ``check``. Work offloaded to a pool finishes later:
+    ``completed`` hands over its events, and ``hold`` names the oldest record of a partition
+    still waiting for one, so the pipeline commits no further.
     """
 
     kind = ""

@@ -1,28 +1,28 @@
-"""A rule on a serving stack's traffic (Seldon Core 2, KServe) as three stages, each a
+"""A rule on a serving stack's traffic (Seldon Core 2, KServe) as two stages, each a
 consume-transform-produce step with the pipeline's commit order (exactly-once with
 transactions):
 
-1. ``ServingForward`` sends every request and response of the rule's topics, as it came,
-   to the rule's join topic keyed by its join key (the Seldon record key, the KServe event
-   id), so a request and its response meet in one partition, in one order;
-2. ``ServingJoin`` pairs them there, its waiting side kept as state (snapshotted, restored,
-   replayed like any rule's), and sends each pair's rows as one record of decisions
-   (connectors/batches.py) to the rule's decisions topic keyed by model, so each model's
-   decisions have one order in one partition;
-3. the i.o.r. rule itself reads the decisions topic.
+1. ``ServingForward`` sends every request and response of the rule's model, as it came, to
+   the rule's join topic keyed by the model: the model's traffic, spread over the serving
+   stack's partitions, gets one order in one partition;
+2. ``ServingJoin`` pairs requests with responses there and hands each pair's rows, as
+   decisions, to the rule's checker (i.o.r. or reach) in the same step. The requests
+   waiting for their responses and the checker's history are one state, snapshotted,
+   restored and replayed together.
 
-A single log per join partition makes the join's replay after a restart see the records
-in the order the first pass did, so it pairs and expires them the same way.
+A single log per model makes a replay after a restart see the records in the order the
+first pass did, so the join pairs and expires them the same way and the checker sees the
+same decisions in the same order.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import repeat
 
 from vigil.connectors.base import OutMessage, TopicPartition
-from vigil.connectors.batches import HEADERS, encode_batch
-from vigil.connectors.events import BadEvent, Record, dead_letter, encode, now_iso
+from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, encode, now_iso
 from vigil.connectors.serving import kserve, seldon
 from vigil.connectors.serving.message import Inference
 from vigil.connectors.serving.rows import TensorSelection, decision_rows
@@ -34,10 +34,12 @@ from vigil.daemon.join import Expired, Join, Waiting
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
 """Where a forwarded record came from (its join-topic copy carries them)."""
+KEY_HEADER = "vigil-key"
+"""A forwarded record's own key (the join topic's key is the model)."""
 
 
 class ServingForward(Rule):
-    """Stage 1: the rule's requests and responses to its join topic, keyed to meet."""
+    """Stage 1: the rule's requests and responses to its join topic, keyed by model."""
 
     kind = "serving-forward"
 
@@ -45,6 +47,8 @@ class ServingForward(Rule):
         super().__init__(name, topics)
         self.config, self.join_topic = config, join_topic
         self.backend = config.format
+        assert config.model is not None
+        self.key = config.model.encode()
 
     def wants_decisions(self, topic: str) -> bool:
         return False
@@ -56,14 +60,14 @@ class ServingForward(Rule):
             if record.offset < emit_from:
                 continue  # forwarded before the restart (stateless: nothing to rebuild)
             try:
-                key = self._join_key(record)
+                mine = self._pairable(record)
             except BadEvent as e:
                 result.dead.append((record, e.reason, str(e)))
                 continue
             except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
                 result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
                 continue
-            if key is None:
+            if not mine:
                 continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
             headers = (
@@ -72,38 +76,37 @@ class ServingForward(Rule):
                 ("vigil-partition", str(record.partition).encode()),
                 ("vigil-offset", str(record.offset).encode()),
             )
+            if record.key is not None:
+                headers += ((KEY_HEADER, record.key),)
             message = OutMessage(
-                self.join_topic, key, record.value or b"", headers, record.timestamp_ms
+                self.join_topic, self.key, record.value or b"", headers, record.timestamp_ms
             )
             result.events.append(Answer.to(record, message))
         result.seconds = time.perf_counter() - started
         return result
 
-    def _join_key(self, record: Record) -> bytes | None:
-        """The pairing key, or None for another InferenceService's event."""
+    def _pairable(self, record: Record) -> bool:
+        """Whether the record is of this rule's model; raises ``BadEvent`` for a record
+        without what pairs it with its other side."""
         if self.config.format == "seldon":
-            return seldon.join_key(record)
-        event_id, service = kserve.identify(record)
-        return event_id.encode() if service == self.config.model else None
+            seldon.join_key(record)
+            return True
+        _, service = kserve.identify(record)
+        return service == self.config.model
 
 
 class ServingJoin(Rule):
-    """Stage 2: each request paired with its response, the pair's rows as decisions."""
+    """Stage 2: each request paired with its response, the pair's rows checked by
+    ``checker`` as decisions named ``<request id>/<row>``."""
 
-    kind = "serving-join"
     stateful = True
 
     def __init__(
-        self,
-        name: str,
-        config: ServingKeys,
-        join_topic: str,
-        decisions_topic: str,
-        context: RuleContext,
+        self, config: ServingKeys, join_topic: str, checker: Rule, context: RuleContext
     ) -> None:
-        super().__init__(name, {join_topic})
-        self.config, self.decisions_topic, self.context = config, decisions_topic, context
-        self.backend = config.format
+        super().__init__(config.name, {join_topic})
+        self.config, self.checker, self.context = config, checker, context
+        self.kind, self.backend = checker.kind, checker.backend
         self.selection = TensorSelection(
             config.input_tensor,
             config.output_tensor,
@@ -112,17 +115,16 @@ class ServingJoin(Rule):
         )
         self.timeout_ms = int(config.join_timeout_seconds * 1000)
         self.joins: dict[TopicPartition, Join] = {}
+        self._continued: set[TopicPartition] = set()  # the last snapshot held checker state
 
     def wants_decisions(self, topic: str) -> bool:
         return False
 
-    def history_size(self, tp: TopicPartition) -> int:
-        join = self.joins.get(tp)
-        return len(join) if join else 0
-
     async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
-        """Pair the records in order; what a record completes or expires is emitted with it
-        (records before ``emit_from`` are replayed into the state: their outputs went out)."""
+        """Pair the records in order; the pairs' decisions go to ``check`` (through the
+        pipeline), what a record expires is emitted with it. Records before ``emit_from`` are
+        replayed into the state: their pairs are checked again without alerts, and their
+        dead letters went out before."""
         result = RuleResult()
         started = time.perf_counter()
         join = self.joins.setdefault(tp, self._new_join())
@@ -142,52 +144,57 @@ class ServingJoin(Rule):
             pair, expired = join.add(inference, record, record.timestamp_ms)
             if live:
                 result.events += [self._unmatched(record, e) for e in expired]
-                if pair is not None:
-                    result.events += self._decisions(record, *pair, result)
+            if pair is not None:
+                self._decisions(record, *pair, result, live)
         self.context.metrics.serving_waiting.labels(self.name, tp[0], str(tp[1])).set(len(join))
         result.seconds = time.perf_counter() - started
         return result
+
+    async def check(
+        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+    ) -> RuleResult:
+        return await self.checker.check(tp, decisions, emit_from)
 
     def _new_join(self) -> Join:
         return Join(self.timeout_ms, self.config.join_pending_limit)
 
     def _decode(self, record: Record) -> Inference:
-        topic = record.header("vigil-topic")
-        if topic is None:
+        source = _original(record)
+        if source is record:
             raise BadEvent("schema", "a join-topic record without its source topic header")
-        source = Record(
-            topic.decode(),
-            record.partition,
-            record.offset,
-            record.value,
-            record.key,
-            record.headers,
-        )
         if self.config.format == "seldon":
             assert self.config.model is not None
             return seldon.decode(source, self.config.model)
         return kserve.decode(source)
 
     def _decisions(
-        self, record: Record, request: Waiting, response: Waiting, result: RuleResult
-    ) -> list[Answer]:
+        self, record: Record, request: Waiting, response: Waiting, result: RuleResult, live: bool
+    ) -> None:
+        """The pair's rows as decisions answered by ``record``, or (live) a dead letter."""
+        problem = None
         if response.inference.error is not None:
             error = f"the serving stack answered with an error: {response.inference.error}"
-            return [self._dead(record, request.record, "failed", error)]
-        try:
-            x, y = decision_rows(
-                request.inference.tensors, response.inference.tensors, self.selection
-            )
-        except BadEvent as e:
-            return [self._dead(record, request.record, e.reason, str(e))]
-        except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
-            return [self._dead(record, request.record, "schema", f"cannot pair the rows: {e!r}")]
-        model = self.config.model
+            problem = ("failed", error)
+        else:
+            try:
+                x, y = decision_rows(
+                    request.inference.tensors, response.inference.tensors, self.selection
+                )
+            except BadEvent as e:
+                problem = (e.reason, str(e))
+            except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+                problem = ("schema", f"cannot pair the rows: {e!r}")
+        if problem is not None:
+            if live:
+                result.events.append(self._dead(record, request.record, *problem))
+            return
+        ident, model = request.inference.request_id, self.config.model
         assert model is not None
-        value = encode_batch(request.inference.request_id, model, x, y)
-        message = OutMessage(self.decisions_topic, model.encode(), value, HEADERS)
-        result.checked += len(x)
-        return [Answer.to(record, message)]
+        names = [f"{ident}/{row}" for row in range(len(x))]
+        event = {"id": ident, "model": model}
+        result.decisions += map(
+            Decision, repeat(record), names, repeat(model), x, y.tolist(), repeat(event)
+        )
 
     def _unmatched(self, record: Record, expired: Expired) -> Answer:
         side = expired.waiting.inference.role
@@ -210,26 +217,92 @@ class ServingJoin(Rule):
         message = OutMessage(self.context.dead_letter_topic, about.key, encode(event))
         return Answer.to(answers, message)
 
+    # -- state: the waiting side and the checker's, as one ---------------------------
+
     def snapshot(self, tp: TopicPartition, since: int | None = None) -> StatePart | None:
+        """The waiting side whole, and the checker's state as the checker gives it (a
+        segment continues only a part that held checker state too)."""
         join = self.joins.get(tp)
-        return None if join is None else StatePart(join.snapshot())
+        inner = self.checker.snapshot(tp, since if tp in self._continued else None)
+        if join is None and inner is None:
+            return None
+        waiting = join.snapshot() if join is not None else b""
+        if inner is None:
+            self._continued.discard(tp)
+            return StatePart(_pack(waiting, b""))
+        self._continued.add(tp)
+        return StatePart(
+            _pack(waiting, inner.blob), inner.base, inner.start, inner.stop, inner.live_from
+        )
 
     def restore(self, tp: TopicPartition, parts: list[bytes]) -> None:
-        (blob,) = parts  # always a base
-        self.joins[tp] = Join.restore(
-            blob, self._decode, self.timeout_ms, self.config.join_pending_limit
-        )
+        """The newest part's waiting side, and the checker's state from every part."""
+        unpacked = [_unpack(part) for part in parts]
+        waiting = unpacked[-1][0]
+        checker = [blob for _, blob in unpacked if blob]
+        if checker:
+            self.checker.restore(tp, checker)
+            self._continued.add(tp)
+        if waiting:
+            self.joins[tp] = Join.restore(
+                waiting, self._decode, self.timeout_ms, self.config.join_pending_limit
+            )
 
     def drop(self, tp: TopicPartition) -> None:
         self.joins.pop(tp, None)
+        self._continued.discard(tp)
+        self.checker.drop(tp)
+
+    # -- the rest is the checker's ----------------------------------------------------
+
+    def history_size(self, tp: TopicPartition) -> int:
+        return self.checker.history_size(tp)
+
+    def mark_history(self, tp: TopicPartition, complete: bool) -> None:
+        self.checker.mark_history(tp, complete)
+
+    def hold(self, tp: TopicPartition) -> int | None:
+        return self.checker.hold(tp)
+
+    def completed(self) -> list[Answer]:
+        return self.checker.completed()
+
+    def in_flight(self) -> bool:
+        return self.checker.in_flight()
+
+    def saturated(self) -> bool:
+        return self.checker.saturated()
+
+    async def wait_for_space(self) -> None:
+        await self.checker.wait_for_space()
+
+    async def drain(self) -> None:
+        await self.checker.drain()
+
+    def offload_jobs(self) -> dict[str, set[str]]:
+        return self.checker.offload_jobs()
+
+    def close(self) -> None:
+        self.checker.close()
+
+
+def _pack(waiting: bytes, checker: bytes) -> bytes:
+    return len(waiting).to_bytes(8, "little") + waiting + checker
+
+
+def _unpack(part: bytes) -> tuple[bytes, bytes]:
+    size = int.from_bytes(part[:8], "little")
+    return part[8 : 8 + size], part[8 + size :]
 
 
 def _original(record: Record) -> Record:
-    """A join-topic record as it was on the serving stack's topic (its coordinates)."""
+    """A join-topic record as it was on the serving stack's topic (its coordinates, its
+    key and headers), or the record itself when it lacks those."""
     topic, partition, offset = (record.header(h) for h in SOURCE_HEADERS)
     if topic is None or partition is None or offset is None:
         return record
-    return Record(topic.decode(), int(partition), int(offset), record.value, record.key)
+    key = record.header(KEY_HEADER)
+    return Record(topic.decode(), int(partition), int(offset), record.value, key, record.headers)
 
 
 def serving_topics(config: ServingKeys, seldon_config: SeldonConfig, group_id: str) -> Stages:
@@ -239,8 +312,7 @@ def serving_topics(config: ServingKeys, seldon_config: SeldonConfig, group_id: s
     else:
         assert config.topic is not None
         sources = {config.topic}
-    base = f"{group_id}.{config.name}"
-    return Stages(frozenset(sources), f"{base}.join", f"{base}.decisions")
+    return Stages(frozenset(sources), f"{group_id}.{config.name}.join")
 
 
 def serving_rules(
@@ -249,10 +321,10 @@ def serving_rules(
     group_id: str,
     context: RuleContext,
 ) -> list[Rule]:
-    """The three stages of a rule on a serving stack's traffic: forward, join, and the rule
-    itself (i.o.r. or reach) on the joined decisions, their x already one row of columns."""
+    """The two stages of a rule on a serving stack's traffic: forward, and join with the
+    rule itself (i.o.r. or reach) checking the joined rows, already one row of columns."""
     stages = serving_topics(config, seldon_config, group_id)
-    update = {"topic": stages.decisions, "format": "vigil", "features": None}
+    update = {"topic": stages.join, "format": "vigil", "features": None}
     checker: Rule
     if isinstance(config, IorRuleConfig):
         checker = IorRule(config.model_copy(update={**update, "dim": config.input_dim}), context)
@@ -260,16 +332,14 @@ def serving_rules(
         checker = ReachRule(config.model_copy(update=update), context)
     return [
         ServingForward(f"{config.name}.forward", config, set(stages.sources), stages.join),
-        ServingJoin(f"{config.name}.join", config, stages.join, stages.decisions, context),
-        checker,
+        ServingJoin(config, stages.join, checker, context),
     ]
 
 
 @dataclass(frozen=True)
 class Stages:
-    """A serving-stack rule's topics: the serving stack's, its join topic (partitioned as
-    the largest of those) and its decisions topic (as many partitions)."""
+    """A serving-stack rule's topics: the serving stack's, and its join topic (one
+    partition: every record in it is of the rule's model)."""
 
     sources: frozenset[str]
     join: str
-    decisions: str
