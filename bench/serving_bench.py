@@ -7,7 +7,7 @@ The same N decisions are produced first, as
 - Vigil JSON decision events (one record each), checked by an i.o.r. rule;
 - Seldon Core 2 model traffic, requests of 1 row and of 32 rows (``ModelInferRequest`` with
   raw FP64 contents, ``ModelInferResponse`` with INT64 labels, keyed as the gateway keys
-  them), checked by an i.o.r. rule with ``format = "seldon"`` (forward, join, check);
+  them), checked by an i.o.r. rule with ``format = "seldon"`` (forward, then join and check);
 then a fresh exactly-once `vigil run` drains them. Decisions per second = N / (time of the
 rule's N-th check - time the daemon first moved: its first forward or check), from its own
 metrics; CPU microseconds per decision of the whole daemon over the same interval. Medians
@@ -78,7 +78,7 @@ async def drain(port: int, pid: int, rule: str, n: int) -> tuple[float, float]:
     """Decisions per second and CPU microseconds per decision, first move to n-th check.
 
     Each poll renders the daemon's metrics, which costs it CPU in proportion to its series
-    (a serving rule has three stages' worth), so polls are 5 ms apart only around the first
+    (a serving rule has two stages' worth), so polls are 5 ms apart only around the first
     move and the expected end, and up to 100 ms apart between."""
     first = None
     while True:

@@ -434,6 +434,7 @@ class Pipeline:
             mine = [r for r in records if r.offset >= apply_from]
             if mine:
                 result = await rule.handle(tp, mine, emit_from)
+                self.metrics.events.labels(rule.name, "checked").inc(result.checked)
                 out += self._outputs(rule, tp, result, emit_from)
                 out += await self._check_all(rule, tp, result.decisions, emit_from)
         rules = [r for r in rules if r.wants_decisions(tp[0])]
@@ -496,10 +497,8 @@ class Pipeline:
     def _outputs(
         self, rule: Rule, tp: TopicPartition, result: RuleResult, emit_from: int
     ) -> list[Answer]:
-        """A rule's events and dead letters of a batch (record rules count their own events)."""
+        """A rule's events and dead letters of a batch."""
         out = list(result.events)
-        if not rule.wants_decisions(tp[0]):
-            self.metrics.events.labels(rule.name, "checked").inc(result.checked)
         for record, reason, error in result.dead:
             if record.offset >= emit_from:
                 out.append(self._dead(record, reason, error, rule.name))

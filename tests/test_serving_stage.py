@@ -131,6 +131,7 @@ def test_joined_rows_are_checked_at_most_max_batch_at_a_time_with_exact_witnesse
     run(p, source)
     names = [f"q{i // 16}/{i % 16}" for i in range(len(x))]
     assert sum(sizes) == len(x) and max(sizes) == 37
+    assert p.metrics.events.labels("r", "checked")._value.get() == len(x)  # each once
     assert join.checker.monitors[(TOPIC, 0)].history.ids == names
     assert flagged(p.sink) == truth(x, y, names) != {}
 

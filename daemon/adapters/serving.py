@@ -209,12 +209,14 @@ class ServingJoin(Rule):
         return self._dead(record, expired.waiting.record, "unmatched", error)
 
     def _dead(self, answers: Record, about: Record, reason: str, error: str) -> Answer:
-        """A dead letter naming ``about`` where it came from, sent with ``answers``."""
-        event = dead_letter(_original(about), reason, error, now_iso())
+        """A dead letter naming ``about`` as it was on the serving stack's topic (where, and
+        its key), sent with ``answers``."""
+        source = _original(about)
+        event = dead_letter(source, reason, error, now_iso())
         event["rule"] = self.config.name
         self.context.metrics.dead_letters.labels(reason).inc()
         self.context.metrics.events.labels(self.name, "dead_letter").inc()
-        message = OutMessage(self.context.dead_letter_topic, about.key, encode(event))
+        message = OutMessage(self.context.dead_letter_topic, source.key, encode(event))
         return Answer.to(answers, message)
 
     # -- state: the waiting side and the checker's, as one ---------------------------
