@@ -78,8 +78,8 @@ async def drain(port: int, pid: int, rule: str, n: int) -> tuple[float, float]:
     """Decisions per second and CPU microseconds per decision, first move to n-th check.
 
     Each poll renders the daemon's metrics, which costs it CPU in proportion to its series
-    (a serving rule has two stages' worth), so polls are 5 ms apart only around the first
-    move and the expected end, and up to 100 ms apart between."""
+    (a serving rule has two stages' worth), so polls are 5 ms apart only until the first
+    move and near the expected end, and 20 to 100 ms apart between."""
     first = None
     while True:
         mine, moved = await counts(port, rule)
@@ -88,7 +88,7 @@ async def drain(port: int, pid: int, rule: str, n: int) -> tuple[float, float]:
             first = (now, cpu)
         if mine >= n:
             return n / (now - first[0]), 1e6 * (cpu - first[1]) / n
-        wait = 0.005
+        wait = 0.005 if first is None else 0.02
         if first is not None and mine:
             left = (n - mine) * (now - first[0]) / mine  # seconds, at the rate so far
             wait = min(0.1, max(0.005, left / 3))

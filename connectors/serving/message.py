@@ -10,12 +10,13 @@ from vigil.connectors.serving.oip import Tensor
 Role = Literal["request", "response"]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Inference:
     """A request's inputs or a response's outputs. ``join_key`` pairs a request with its
     response (the two records carry the same one); ``request_id`` names the decisions
     (``<request_id>/<row>``); ``error`` is the serving stack's error text when the
-    inference failed (then there are no tensors)."""
+    inference failed (then there are no tensors). Built once per record and never
+    modified; not frozen, as ``Record`` is not (a frozen one takes longer to build)."""
 
     join_key: str
     request_id: str

@@ -37,6 +37,7 @@ FIXED: dict[str, str] = {
 """Datatypes of a fixed width, as numpy dtypes (BF16 is read through FP32, BYTES apart)."""
 
 DATATYPES = (*FIXED, "BF16", "BYTES")
+_KNOWN = frozenset(DATATYPES)
 
 _TYPED = {
     "BOOL": "bool_contents",
@@ -55,9 +56,10 @@ _TYPED = {
 """The ``InferTensorContents`` field of each datatype that has one."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Tensor:
-    """One named tensor; ``data`` has ``shape`` (BYTES: an object array of ``bytes``)."""
+    """One named tensor; ``data`` has ``shape`` (BYTES: an object array of ``bytes``).
+    Never modified; not frozen, as ``Inference`` is not."""
 
     name: str
     datatype: str
@@ -113,7 +115,7 @@ def from_contents(
         data = np.empty(count, dtype=object)
         data[:] = list(values)
     else:
-        data = np.asarray(values, dtype=FIXED[datatype])
+        data = np.fromiter(values, FIXED[datatype], count)
     return Tensor(name, datatype, shape, data.reshape(shape))
 
 
@@ -180,13 +182,15 @@ def _flatten(data: object) -> list[Any]:
 
 
 def _checked_shape(name: str, datatype: object, shape: object) -> tuple[int, ...]:
-    if datatype not in DATATYPES:
+    if datatype not in _KNOWN:
         raise BadEvent("schema", f"tensor {name!r}: unknown datatype {datatype!r}")
-    if not isinstance(shape, Sequence) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    try:  # a JSON list, or protobuf's repeated field
+        dims = None if isinstance(shape, str | bytes | dict) else tuple(shape)  # type: ignore[arg-type]
+    except TypeError:
+        dims = None
+    if dims is None or not all(type(d) is int and d >= 0 for d in dims):
         raise BadEvent("schema", f"tensor {name!r}: shape {shape!r} is not a list of sizes")
-    return tuple(shape)
+    return dims
 
 
 def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:

@@ -38,6 +38,8 @@ def input_rows(tensors: Sequence[Tensor], selection: TensorSelection) -> np.ndar
         chosen = [_pick(tensors, selection.input_tensor, "input")]
     for t in chosen:
         _has_rows(t)
+    if len(chosen) == 1:
+        return _columns(chosen[0], selection)
     rows = {t.rows for t in chosen}
     if len(rows) > 1:
         sizes = ", ".join(f"{t.name!r}: {t.rows}" for t in chosen)
@@ -90,7 +92,7 @@ def _named(tensors: Sequence[Tensor], name: str, kind: str) -> Tensor:
 def _columns(tensor: Tensor, selection: TensorSelection) -> np.ndarray:
     data = tensor.data.reshape(tensor.rows, -1)
     if tensor.datatype != "BYTES":
-        return data.astype(np.float64)
+        return data.astype(np.float64, copy=False)
     if data.shape[1] != 1:
         raise BadEvent("schema", f"tensor {tensor.name!r}: one string per row, not {data.shape[1]}")
     return _one_hot(tensor, data[:, 0], selection)

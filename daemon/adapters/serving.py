@@ -36,6 +36,7 @@ SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
 """Where a forwarded record came from (its join-topic copy carries them)."""
 KEY_HEADER = "vigil-key"
 """A forwarded record's own key (the join topic's key is the model)."""
+_OURS = frozenset((*SOURCE_HEADERS, KEY_HEADER))
 
 
 class ServingForward(Rule):
@@ -300,10 +301,11 @@ def _unpack(part: bytes) -> tuple[bytes, bytes]:
 def _original(record: Record) -> Record:
     """A join-topic record as it was on the serving stack's topic (its coordinates, its
     key and headers), or the record itself when it lacks those."""
-    topic, partition, offset = (record.header(h) for h in SOURCE_HEADERS)
+    ours = {name: value for name, value in record.headers if name in _OURS}  # the last wins
+    topic, partition, offset = (ours.get(h) for h in SOURCE_HEADERS)
     if topic is None or partition is None or offset is None:
         return record
-    key = record.header(KEY_HEADER)
+    key = ours.get(KEY_HEADER)
     return Record(topic.decode(), int(partition), int(offset), record.value, key, record.headers)
 
 
