@@ -12,6 +12,7 @@ second record of the same side and key arrives (the earlier one goes).
 from __future__ import annotations
 
 import base64
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,7 +43,9 @@ class Join:
     def __init__(self, timeout_ms: int, limit: int) -> None:
         self.timeout_ms, self.limit = timeout_ms, limit
         self.stream_time = -1
-        self._waiting: dict[tuple[str, Role], Waiting] = {}  # insertion order is arrival order
+        # arrival order; an OrderedDict finds its oldest entry at once, where a dict walks
+        # past every entry removed from its front since it was last resized
+        self._waiting: OrderedDict[tuple[str, Role], Waiting] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -68,8 +71,8 @@ class Join:
             expired.append(Expired(earlier, "superseded"))
         self._waiting[(inference.join_key, inference.role)] = arrived
         while len(self._waiting) > self.limit:
-            oldest = next(iter(self._waiting))
-            expired.append(Expired(self._waiting.pop(oldest), "limit"))
+            _, oldest = self._waiting.popitem(last=False)
+            expired.append(Expired(oldest, "limit"))
         return None, expired
 
     def _expire(self) -> list[Expired]:
