@@ -357,6 +357,15 @@ def test_bad_kserve_records_name_what_is_wrong(record_of, reason, error):
             ),
             "BYTES data must be strings",
         ),
+        (
+            lambda: kserve.body_tensors(
+                {"inputs": [{"name": "b", "shape": [2], "datatype": "INT8", "data": [1, 300]}]},
+                "request",
+            ),
+            "tensor 'b': values are not INT8",
+        ),
+        (lambda: _typed("UINT8", "uint_contents", [256]), "tensor 't': a value does not fit UINT8"),
+        (lambda: _typed("INT8", "int_contents", [300]), "tensor 't': a value does not fit INT8"),
     ],
 )
 def test_malformed_values_are_bad_events_not_crashes(make, error):
@@ -368,3 +377,12 @@ def _empty(name: str, shape: list[int]):
     from vigil.connectors.serving.oip import from_raw
 
     return from_raw(name, "FP64", shape, b"")
+
+
+def _typed(datatype: str, field: str, values: list[int]):
+    from vigil.connectors.serving.oip import request_tensors
+
+    message = pb.ModelInferRequest()
+    tensor = message.inputs.add(name="t", datatype=datatype, shape=[len(values)])
+    getattr(tensor.contents, field).extend(values)
+    return request_tensors(message)

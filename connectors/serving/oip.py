@@ -9,6 +9,7 @@ tensor.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from collections.abc import Sequence
@@ -115,7 +116,10 @@ def from_contents(
         data = np.empty(count, dtype=object)
         data[:] = list(values)
     else:
-        data = np.fromiter(values, FIXED[datatype], count)
+        try:
+            data = np.fromiter(values, FIXED[datatype], count)
+        except OverflowError:  # typed contents are wider than INT8-16, UINT8-16
+            raise BadEvent("schema", f"tensor {name!r}: a value does not fit {datatype}") from None
     return Tensor(name, datatype, shape, data.reshape(shape))
 
 
@@ -165,7 +169,7 @@ def from_json(tensor: object) -> Tensor:
         try:
             dtype = "<f4" if datatype == "BF16" else FIXED[datatype]
             data = np.asarray(flat, dtype=dtype)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise BadEvent("schema", f"tensor {name!r}: values are not {datatype}: {e}") from e
     return Tensor(name, datatype, shape, data.reshape(shape))
 
@@ -184,10 +188,10 @@ def _flatten(data: object) -> list[Any]:
 def _checked_shape(name: str, datatype: object, shape: object) -> tuple[int, ...]:
     if datatype not in _KNOWN:
         raise BadEvent("schema", f"tensor {name!r}: unknown datatype {datatype!r}")
-    try:  # a JSON list, or protobuf's repeated field
-        dims = None if isinstance(shape, str | bytes | dict) else tuple(shape)  # type: ignore[arg-type]
-    except TypeError:
-        dims = None
+    dims = None
+    if not isinstance(shape, str | bytes | dict):
+        with contextlib.suppress(TypeError):  # a JSON list, or protobuf's repeated field
+            dims = tuple(shape)  # type: ignore[call-overload]
     if dims is None or not all(type(d) is int and d >= 0 for d in dims):
         raise BadEvent("schema", f"tensor {name!r}: shape {shape!r} is not a list of sizes")
     return dims
