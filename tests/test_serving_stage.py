@@ -145,16 +145,24 @@ def test_a_restart_between_requests_and_responses_checks_every_row_once(tmp_path
     order = interleaved(60, np.random.default_rng(1))
     values, headers = join_records(reqs, order)
     store, sink = FileStore(tmp_path, keep=3), MemorySink()
-    died_at = 55
+    snapshot_at, died_at = 40, 70
 
-    p, source, first = pipeline(values[:died_at], headers[:died_at], store, sink, every=20)
-    run(p, source)  # no final snapshot: as if the process died here
-    assert len(first.joins[(TOPIC, 0)]) > 0  # requests wait for their responses
+    async def snapshot_and_stop(p: Pipeline, source: MemorySource) -> None:
+        await source.start(p.on_assign, p.on_revoke)
+        await p.run(asyncio.Event(), until_idle=True)
+        await p.snapshot_all()
+
+    p, first_source, first = pipeline(values[:snapshot_at], headers[:snapshot_at], store, sink)
+    asyncio.run(snapshot_and_stop(p, first_source))
+    assert len(first.joins[(TOPIC, 0)]) > 0  # the snapshot holds requests still waiting
+    p, source, _ = pipeline(values[:died_at], headers[:died_at], store, sink)
+    source.commits = first_source.commits
+    run(p, source)  # no snapshot after the first: as if the process died here
     newest, _ = asyncio.run(store.load("r", (TOPIC, 0)))
-    assert newest is not None and newest.offset < died_at  # a replay is needed
+    assert newest is not None and newest.offset == snapshot_at < died_at  # a replay is needed
     commits = source.commits
 
-    p, source, join = pipeline(values, headers, store, sink, every=20)
+    p, source, join = pipeline(values, headers, store, sink)
     source.commits = commits
     run(p, source)
     completed = []  # the pairs in the order their later side came

@@ -37,6 +37,9 @@ SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
 KEY_HEADER = "vigil-key"
 """A forwarded record's own key (the join topic's key is the model)."""
 _OURS = frozenset((*SOURCE_HEADERS, KEY_HEADER))
+UNREADABLE = (ValueError, TypeError, AttributeError, LookupError, ArithmeticError)
+"""What reading a record the decoders did not foresee may raise: a dead letter, since
+nothing a record holds may stop the daemon."""
 
 
 class ServingForward(Rule):
@@ -65,7 +68,7 @@ class ServingForward(Rule):
             except BadEvent as e:
                 result.dead.append((record, e.reason, str(e)))
                 continue
-            except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+            except UNREADABLE as e:
                 result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
                 continue
             if not mine:
@@ -137,7 +140,7 @@ class ServingJoin(Rule):
                 if live:
                     result.events.append(self._dead(record, record, e.reason, str(e)))
                 continue
-            except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+            except UNREADABLE as e:
                 if live:
                     error = f"cannot read it: {e!r}"
                     result.events.append(self._dead(record, record, "undecodable", error))
@@ -183,7 +186,7 @@ class ServingJoin(Rule):
                 )
             except BadEvent as e:
                 problem = (e.reason, str(e))
-            except (ValueError, TypeError, AttributeError) as e:  # nothing a record holds stops us
+            except UNREADABLE as e:
                 problem = ("schema", f"cannot pair the rows: {e!r}")
         if problem is not None:
             if live:
