@@ -230,12 +230,17 @@ async def test_seldon_traffic_is_checked_exactly_once_through_a_kill_between_req
         expected = offline(decisions, 0.04)
         alerts = await consume_all(kafka_bootstrap, a.alerts_topic, len(expected), 120)
         running = [d.running() for d in instances.values()]
-        histories = [
-            s.value
-            for d in instances.values()
-            for s in metric_samples(await wait_http(d.port, "/metrics"))
-            if s.name == "vigil_history_size" and s.labels["rule"] == "iris"
-        ]
+        deadline = time.monotonic() + 30
+        while True:  # the decisions after the last alert may still be in their batch
+            histories = [
+                s.value
+                for d in instances.values()
+                for s in metric_samples(await wait_http(d.port, "/metrics"))
+                if s.name == "vigil_history_size" and s.labels["rule"] == "iris"
+            ]
+            if histories == [len(x)] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
     finally:
         for d in instances.values():
             d.kill()
