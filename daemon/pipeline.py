@@ -43,6 +43,8 @@ log = structlog.get_logger("vigil.pipeline")
 _IDLE_POLL_SECONDS = 0.01
 _LAG_TIMEOUT_SECONDS = 1.0
 _RETRY_SECONDS = 1.0
+_STABLE_TIMEOUT_SECONDS = 5.0
+_STABLE_POLL_SECONDS = 0.02
 _FENCED_AFTER_OUTAGE_SECONDS = 300.0
 """A fenced producer within this long of an outage was fenced by the broker's transaction
 timeout (its transaction outlived the outage), not by another instance."""
@@ -200,6 +202,7 @@ class Pipeline:
     async def on_revoke(self, tps: list[TopicPartition]) -> None:
         async with self._lock:
             await self.checkpoint.wait()  # commit what was answered before letting go
+            await self._until_committed([tp for tp in tps if tp in self._emit_from])
             for tp in tps:
                 if tp not in self._emit_from:
                     continue
@@ -216,6 +219,28 @@ class Pipeline:
             for tp in tps:
                 self.store.close(tp)
             self.metrics.assigned_partitions.set(len(self.source.assignment()))
+
+    async def _until_committed(self, tps: list[TopicPartition]) -> None:
+        """Wait until the broker answers the offsets this instance committed for ``tps``,
+        so that their next owner starts where this one stopped. A transaction's offsets
+        count only once its markers are written, a moment after its commit returned; an
+        owner that asks before then gets the offsets before, and answers those records
+        again (the client cannot ask for stable offsets only). Bounded: when the broker does
+        not confirm them in time, that is logged and the partitions are let go."""
+        committed = self.checkpoint.committed
+        wanted = {tp: committed[tp] for tp in tps if tp in committed}
+        if not wanted or self.failed or (self.broker is not None and not self.broker.up):
+            return
+        try:
+            async with asyncio.timeout(_STABLE_TIMEOUT_SECONDS):
+                while wanted:
+                    for tp in list(wanted):
+                        if ((await self.source.committed(tp)) or 0) >= wanted[tp]:
+                            del wanted[tp]
+                    if wanted:
+                        await asyncio.sleep(_STABLE_POLL_SECONDS)
+        except Exception as e:  # a timeout, or the broker's error
+            log.warning("commit_not_confirmed", partitions=sorted(wanted), error=repr(e))
 
     def ready(self) -> bool:
         """Partitions assigned and every one replayed up to its committed offset."""

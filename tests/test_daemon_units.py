@@ -388,6 +388,45 @@ def test_each_rule_checks_the_decisions_of_its_model_in_stream_order(tmp_path, s
     assert metrics.events.labels("", "unrouted")._value.get() == len(unrouted)
 
 
+class _LaggingCommits(MemorySource):
+    """A source whose committed offsets read back as the commit before for ``lag`` asks
+    after each commit, as a broker answers until a transaction's markers are written."""
+
+    def __init__(self, topic: str, values: list[bytes], lag: int) -> None:
+        super().__init__(topic, values)
+        self.lag, self.stale, self.asked = lag, 0, 0
+
+    async def commit(self, offsets) -> None:
+        await super().commit(offsets)
+        self.stale = self.lag
+
+    async def committed(self, tp) -> int | None:
+        self.asked += 1
+        if self.stale and len(self.commits) > 1:
+            self.stale -= 1
+            return self.commits[-2].get(tp)
+        return await super().committed(tp)
+
+
+def test_a_partition_is_let_go_only_once_its_commit_reads_back(tmp_path):
+    """Its next owner reads the committed offset at once: before the broker answers this
+    instance's commit, it would get the one before and answer those records again."""
+    rng = np.random.default_rng(5)
+    values = _decisions(rng.random((100, 3)), rng.integers(0, 2, 100))
+    source = _LaggingCommits("t", values, lag=3)
+    pipeline, source, _ = _pipeline([], FileStore(tmp_path), source=source)
+
+    async def run() -> int:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+        asked = source.asked
+        await source.stop()  # revokes the partition
+        return source.asked - asked
+
+    assert asyncio.run(run()) == 4  # three answers with the commit before, then this one
+    assert source.commits[-1] == {("t", 0): 100}
+
+
 class _AtTheEnd(MemorySource):
     """A source whose reset policy starts a partition without a commit at ``start``."""
 
