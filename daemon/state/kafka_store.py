@@ -45,6 +45,8 @@ log = structlog.get_logger("vigil.state")
 
 RECORD_OVERHEAD = 1024
 """Bytes a chunk's record needs beyond its value (key, headers, batch framing)."""
+READER_FETCH_WAIT_MS = 20
+"""How long the broker may hold the state reader's fetch for records not yet written."""
 TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(64 << 20)}
 """How a missing state topic is created: compacted, in log segments small enough that
 compaction reclaims replaced snapshots within hours rather than after a gigabyte."""
@@ -130,6 +132,10 @@ class KafkaStore:
                 group_id=None,
                 enable_auto_commit=False,
                 max_partition_fetch_bytes=max(8 << 20, self.chunk_bytes + RECORD_OVERHEAD),
+                # it reads to an end offset known beforehand: the broker need not hold a fetch
+                # for more, and the next partition's assignment waits for a fetch in flight
+                # (500 ms by default, twice: a second per partition recovered)
+                fetch_max_wait_ms=READER_FETCH_WAIT_MS,
             )
             await start_client(consumer, self.servers, self.security)
             self._consumer = consumer
