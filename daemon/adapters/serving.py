@@ -60,6 +60,7 @@ class ServingForward(Rule):
     async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
         result = RuleResult()
         started = time.perf_counter()
+        source = (("vigil-topic", tp[0].encode()), ("vigil-partition", str(tp[1]).encode()))
         for record in records:
             if record.offset < emit_from:
                 continue  # forwarded before the restart (stateless: nothing to rebuild)
@@ -74,12 +75,7 @@ class ServingForward(Rule):
             if not mine:
                 continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
-            headers = (
-                *record.headers,
-                ("vigil-topic", record.topic.encode()),
-                ("vigil-partition", str(record.partition).encode()),
-                ("vigil-offset", str(record.offset).encode()),
-            )
+            headers = (*record.headers, *source, ("vigil-offset", str(record.offset).encode()))
             if record.key is not None:
                 headers += ((KEY_HEADER, record.key),)
             message = OutMessage(
