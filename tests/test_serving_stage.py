@@ -42,9 +42,9 @@ def join_records(requests: list[tuple[str, np.ndarray, np.ndarray]], order: list
     return values, headers
 
 
-def pipeline(values, headers, store, sink=None, every=10**6, **rule):
+def pipeline(values, headers, store, sink=None, **rule):
     """The join stage of a Seldon i.o.r. rule (eps 0.25, linf) over the given records,
-    checking 37 decisions at a time."""
+    checking 37 decisions at a time, snapshotting only when told."""
     config = parse_config(
         {
             "kafka": {"bootstrap_servers": "127.0.0.1:9092", "group_id": "g"},
@@ -62,14 +62,18 @@ def pipeline(values, headers, store, sink=None, every=10**6, **rule):
         if isinstance(r, ServingJoin)
     ]
     source = MemorySource(TOPIC, values, headers=headers)
-    settings = PipelineSettings("dead", max_batch=37, snapshot_every_events=every)
+    settings = PipelineSettings("dead", max_batch=37, snapshot_every_events=10**6)
     return Pipeline([join], source, sink or MemorySink(), store, metrics, settings), source, join
 
 
-def run(p: Pipeline, source: MemorySource) -> None:
+def run(p: Pipeline, source: MemorySource, snapshot: bool = False) -> None:
+    """Process every record; then, with ``snapshot``, snapshot and wait for the files."""
+
     async def go() -> None:
         await source.start(p.on_assign, p.on_revoke)
         await p.run(asyncio.Event(), until_idle=True)
+        if snapshot:
+            await p.snapshot_all()
 
     asyncio.run(go())
 
@@ -147,13 +151,8 @@ def test_a_restart_between_requests_and_responses_checks_every_row_once(tmp_path
     store, sink = FileStore(tmp_path, keep=3), MemorySink()
     snapshot_at, died_at = 40, 70
 
-    async def snapshot_and_stop(p: Pipeline, source: MemorySource) -> None:
-        await source.start(p.on_assign, p.on_revoke)
-        await p.run(asyncio.Event(), until_idle=True)
-        await p.snapshot_all()
-
     p, first_source, first = pipeline(values[:snapshot_at], headers[:snapshot_at], store, sink)
-    asyncio.run(snapshot_and_stop(p, first_source))
+    run(p, first_source, snapshot=True)
     assert len(first.joins[(TOPIC, 0)]) > 0  # the snapshot holds requests still waiting
     p, source, _ = pipeline(values[:died_at], headers[:died_at], store, sink)
     source.commits = first_source.commits
