@@ -51,6 +51,14 @@ class Source(Protocol):
     async def lag(self) -> dict[TopicPartition, int]:
         """Per assigned partition, records between the read position and the end."""
 
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        """The offset after the partition's last readable record, as of the last fetch
+        (None while unknown)."""
+
+    def pause_only(self, tps: set[TopicPartition]) -> None:
+        """Fetch nothing more of ``tps`` (of the assigned partitions), and again from every
+        other partition, until the next call."""
+
     def assignment(self) -> list[TopicPartition]: ...
 
     async def stop(self) -> None: ...

@@ -98,6 +98,12 @@ class JsonLinesSource:
     async def lag(self) -> dict[TopicPartition, int]:
         return {self.tp: len(self._lines) - self._next}
 
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        return len(self._lines)
+
+    def pause_only(self, tps: set[TopicPartition]) -> None:
+        return None  # one partition: the merge never holds it back
+
     def assignment(self) -> list[TopicPartition]:
         return [self.tp]
 

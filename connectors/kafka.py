@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import (
     InvalidProducerEpoch,
     KafkaConnectionError,
@@ -21,6 +23,7 @@ from aiokafka.errors import (
 from aiokafka.producer import sender as aiokafka_sender
 from aiokafka.protocol.metadata import MetadataRequest
 
+from vigil.connectors.assignor import CoPartitioned
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
 from vigil.connectors.events import Record
 from vigil.connectors.kafka_security import (
@@ -172,7 +175,11 @@ class KafkaSource:
         security: KafkaSecurity = PLAINTEXT,
         fresh_fetch_wait_ms: int = FRESH_FETCH_WAIT_MS,
         partition_fetch_bytes: int = PARTITION_FETCH_BYTES,
+        copartitioned: Iterable[Iterable[str]] = (),
     ) -> None:
+        """``copartitioned``: groups of topics whose partition ``p`` one member reads
+        together (connectors/assignor.py); a group that also has members of an older build
+        falls back to the round-robin assignor until every member runs this one."""
         self.topics = sorted(set(topics))
         self._fresh_wait_ms = fresh_fetch_wait_ms
         self._security = security
@@ -192,6 +199,10 @@ class KafkaSource:
             # this long, and the busy partitions on that broker wait for it
             fetch_max_wait_ms=fetch_max_wait_ms,
             max_partition_fetch_bytes=partition_fetch_bytes,
+            partition_assignment_strategy=(
+                CoPartitioned(copartitioned),
+                RoundRobinPartitionAssignor,
+            ),
         )
         self.group_id = group_id
         self._reset = auto_offset_reset
@@ -257,6 +268,24 @@ class KafkaSource:
             if high is not None:
                 out[(tp.topic, tp.partition)] = max(0, high - await self._consumer.position(tp))
         return out
+
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        """The last stable offset under read_committed (the high watermark otherwise), from
+        the partition's last fetch response; None before one or once it is unassigned."""
+        ktp = KafkaTP(*tp)
+        if ktp not in self._consumer.assignment():
+            return None
+        lso = self._consumer.last_stable_offset(ktp)
+        return lso if lso is not None and lso >= 0 else self._consumer.highwater(ktp)
+
+    def pause_only(self, tps: set[TopicPartition]) -> None:
+        assigned = self._consumer.assignment()
+        wanted = {KafkaTP(*tp) for tp in tps} & assigned
+        paused = self._consumer.paused() & assigned
+        if wanted - paused:
+            self._consumer.pause(*(wanted - paused))
+        if paused - wanted:
+            self._consumer.resume(*(paused - wanted))
 
     def assignment(self) -> list[TopicPartition]:
         return sorted((tp.topic, tp.partition) for tp in self._consumer.assignment())

@@ -56,6 +56,12 @@ class MemorySource:
     async def lag(self) -> dict[TopicPartition, int]:
         return {self.tp: len(self.values) - self._next}
 
+    def end_offset(self, tp: TopicPartition) -> int | None:
+        return len(self.values)
+
+    def pause_only(self, tps: set[TopicPartition]) -> None:
+        return None  # one partition: the merge never holds it back
+
     def assignment(self) -> list[TopicPartition]:
         return [self.tp]
 

@@ -123,8 +123,8 @@ class Checkpoint:
         self._count_outbox()
 
     def _release(self, answers: list[Answer], offsets: Offsets) -> list[Answer]:
-        """The answers (new or waiting) to records that ``offsets`` commit, in record order;
-        the others wait in the outbox."""
+        """The answers (new or waiting) to records that ``offsets`` commit, in record order
+        within each partition; the others wait in the outbox."""
         pending = [a for tp in list(self._outbox) for a in self._outbox.pop(tp)] + answers
         out = []
         for a in pending:
@@ -133,7 +133,28 @@ class Checkpoint:
             else:
                 self._outbox[a.tp].append(a)
         self._count_outbox()
-        return sorted(out, key=lambda a: (a.tp, a.offset))
+        return _in_record_order(out)
 
     def _count_outbox(self) -> None:
         self.metrics.outbox.set(sum(map(len, self._outbox.values())))
+
+
+def _in_record_order(answers: list[Answer]) -> list[Answer]:
+    """``answers`` with each partition's in record order, in the places its answers hold:
+    the order across partitions is the rules' own (a merging rule's is time)."""
+    last: dict[TopicPartition, int] = {}
+    for a in answers:
+        if a.offset < last.get(a.tp, -1):
+            break
+        last[a.tp] = a.offset
+    else:
+        return answers
+    slots: dict[TopicPartition, list[int]] = defaultdict(list)
+    for i, a in enumerate(answers):
+        slots[a.tp].append(i)
+    out = list(answers)
+    for places in slots.values():
+        ordered = sorted((answers[i] for i in places), key=lambda a: a.offset)
+        for i, a in zip(places, ordered, strict=True):
+            out[i] = a
+    return out

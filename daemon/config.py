@@ -389,7 +389,14 @@ class ServingKeys(_Section):
         description="a request (or response) unpaired this long in stream time is a dead letter",
     )
     join_pending_limit: Annotated[int, Field(ge=1)] = Field(
-        default=100_000, description="unpaired requests and responses held per partition"
+        default=100_000,
+        description="records of one serving-stack partition read ahead of the others' time "
+        "before reading it pauses",
+    )
+    merge_idle_seconds: Annotated[float, Field(ge=0)] = Field(
+        default=5.0,
+        description="how long the time-ordered merge of the serving stack's partitions waits "
+        "for one that has records not yet fetched, before time moves past it",
     )
 
     def _check_format(self) -> None:
@@ -416,6 +423,7 @@ class ServingKeys(_Section):
                 "categories",
                 "join_timeout_seconds",
                 "join_pending_limit",
+                "merge_idle_seconds",
             ):
                 if key in self.model_fields_set:
                     raise ValueError(f"{key} applies to format seldon or kserve")

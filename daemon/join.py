@@ -4,9 +4,10 @@ in stream order: the state of the join that turns a serving stack's traffic into
 Time is stream time, the largest record timestamp seen, so a replay of the same records
 pairs and expires exactly as the first pass did. An entry expires (it is reported, never
 dropped silently) once stream time has passed its timestamp by ``timeout_ms`` (checked
-from the oldest arrival on: one that arrived behind a younger entry waits for it), when
-the buffer holds ``limit`` entries and a new one arrives (the oldest goes), or when a
-second record of the same side and key arrives (the earlier one goes).
+from the oldest arrival on: one that arrived behind a younger entry waits for it), or when
+a second record of the same side and key arrives (the earlier one goes). Nothing else
+bounds it: the records come merged in time order (daemon/merge.py), so what waits is what
+went unanswered within the timeout.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ class Waiting:
 @dataclass(frozen=True)
 class Expired:
     waiting: Waiting
-    why: str  # "timeout", "limit" or "superseded"
+    why: str  # "timeout" or "superseded"
 
 
 class Join:
     """The waiting side of each unpaired inference, oldest first."""
 
-    def __init__(self, timeout_ms: int, limit: int) -> None:
-        self.timeout_ms, self.limit = timeout_ms, limit
+    def __init__(self, timeout_ms: int) -> None:
+        self.timeout_ms = timeout_ms
         self.stream_time = -1
         # arrival order; an OrderedDict finds its oldest entry at once, where a dict walks
         # past every entry removed from its front since it was last resized
@@ -70,9 +71,6 @@ class Join:
         if earlier is not None:
             expired.append(Expired(earlier, "superseded"))
         self._waiting[(inference.join_key, inference.role)] = arrived
-        while len(self._waiting) > self.limit:
-            _, oldest = self._waiting.popitem(last=False)
-            expired.append(Expired(oldest, "limit"))
         return None, expired
 
     def _expire(self) -> list[Expired]:
@@ -102,11 +100,10 @@ class Join:
         blob: bytes,
         decode: Callable[[Record], Inference],
         timeout_ms: int,
-        limit: int,
     ) -> Join:
         """A join from ``snapshot``'s bytes; ``decode`` reads each waiting record again."""
         state = orjson.loads(blob)
-        join = cls(timeout_ms, limit)
+        join = cls(timeout_ms)
         join.stream_time = state["stream_time"]
         for item in state["waiting"]:
             record, timestamp = _record_of(item)

@@ -189,10 +189,17 @@ class Metrics:
             ["rule", "topic", "partition"],
             registry=r,
         )
+        self.serving_read_ahead = Gauge(
+            "vigil_serving_read_ahead",
+            "Records of a serving stack's partition read and held for the time-ordered merge "
+            "(the partition is paused at the rule's join_pending_limit).",
+            ["rule", "topic", "partition"],
+            registry=r,
+        )
         self.serving_unmatched = Counter(
             "vigil_serving_unmatched",
             "Requests and responses that never met their other side (dead letters 'unmatched'), "
-            "by side and why: timeout, limit, superseded.",
+            "by side and why: timeout, superseded.",
             ["rule", "side", "why"],
             registry=r,
         )
@@ -261,6 +268,7 @@ class Metrics:
             _remove(self.history_size, (rule, *labels))
             _remove(self.history_complete, (rule, *labels))
             _remove(self.serving_waiting, (rule, *labels))
+            _remove(self.serving_read_ahead, (rule, *labels))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

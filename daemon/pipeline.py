@@ -78,6 +78,7 @@ class Pipeline:
         broker: BrokerWatch | None = None,
     ) -> None:
         self.rules = rules
+        self._merging = [r for r in rules if r.merges]
         self.broker = broker
         self.source = source
         self.sink = sink
@@ -119,6 +120,7 @@ class Pipeline:
         restored = await self._restore(tp, rules)
         self._report_gaps(tp, restored)
         for rule in rules:
+            rule.assign(tp)
             self._apply_from[(rule.name, tp)] = restored.apply_from[rule.name]
             if rule.stateful:
                 complete = rule.name not in restored.incomplete
@@ -283,6 +285,8 @@ class Pipeline:
             raise self.fatal
         if records:
             await self._process(records, fetched_at)
+        elif self._merging and await self._release_merged():
+            pass  # records released (a wait ended): read on
         elif not any(r.in_flight() for r in self.rules):
             await self._settle()
             if until_idle:
@@ -442,11 +446,44 @@ class Pipeline:
             for tp, offset in positions.items():
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
-            offsets = self._commit_positions(list(positions))
+            moved = list(positions)
+            if self._merging:
+                answers += self._merged()
+                moved = list(self._emit_from)  # a release moves any partition's hold
+            offsets = self._commit_positions(moved)
             await self.checkpoint.send(answers, offsets)
             for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
+
+    async def _release_merged(self) -> bool:
+        """Release what the merging rules hold once time (their idle wait) lets them, with
+        no new records; whether anything was released."""
+        async with self._lock:
+            if self.failed:
+                return False
+            answers = self._merged()
+            offsets = self._commit_positions(list(self._emit_from))
+            await self.checkpoint.send(answers, offsets)
+            return bool(answers or offsets)
+
+    def _merged(self) -> list[Answer]:
+        """The merging rules' answers to the records whose turn has come; the partitions
+        they hold enough of are paused, the others read."""
+        out: list[Answer] = []
+        full: set[TopicPartition] = set()
+        for rule in self._merging:
+            result = rule.release(self._behind)
+            self.metrics.events.labels(rule.name, "checked").inc(result.checked)
+            out += self._outputs(rule, result, 0)
+            full |= rule.full()
+        self.source.pause_only(full)
+        return out
+
+    def _behind(self, tp: TopicPartition) -> bool:
+        """Whether records of ``tp`` exist past those read (unknown counts as behind)."""
+        end = self.source.end_offset(tp)
+        return end is None or self._next.get(tp, 0) < end
 
     async def _process_partition(self, tp: TopicPartition, records: list[Record]) -> list[Answer]:
         emit_from = self._emit_from[tp]
@@ -460,7 +497,7 @@ class Pipeline:
             if mine:
                 result = await rule.handle(tp, mine, emit_from)
                 self.metrics.events.labels(rule.name, "checked").inc(result.checked)
-                out += self._outputs(rule, tp, result, emit_from)
+                out += self._outputs(rule, result, emit_from)
                 out += await self._check_all(rule, tp, result.decisions, emit_from)
         rules = [r for r in rules if r.wants_decisions(tp[0])]
         if not rules:
@@ -517,11 +554,9 @@ class Pipeline:
         m.alerts.labels(rule.name).inc(result.alerts)
         m.check_seconds.labels(rule.name, rule.backend).observe(result.seconds)
         m.history_size.labels(rule.name, tp[0], str(tp[1])).set(rule.history_size(tp))
-        return self._outputs(rule, tp, result, emit_from)
+        return self._outputs(rule, result, emit_from)
 
-    def _outputs(
-        self, rule: Rule, tp: TopicPartition, result: RuleResult, emit_from: int
-    ) -> list[Answer]:
+    def _outputs(self, rule: Rule, result: RuleResult, emit_from: int) -> list[Answer]:
         """A rule's events and dead letters of a batch."""
         out = list(result.events)
         for record, reason, error in result.dead:

@@ -123,6 +123,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
             k.fetch_max_wait_ms,
             security,
             partition_fetch_bytes=k.max_partition_fetch_bytes,
+            copartitioned=[r.topics for r in rules if r.merges],
         )
         transactional_id = (
             k.instance_transactional_id(socket.gethostname()) if k.exactly_once else None

@@ -49,9 +49,9 @@ events = st.lists(st.tuples(st.integers(0, 15), st.booleans()), max_size=60)
 @settings(max_examples=200, deadline=None)
 @given(events)
 def test_without_expiry_each_request_meets_its_response_once(evs):
-    # the oracle: with no timeout and no limit, keys seen on both sides are paired, and a
+    # the oracle: with no timeout, keys seen on both sides are paired, and a
     # side seen again before its partner supersedes the earlier one
-    join = Join(timeout_ms=10**9, limit=10**9)
+    join = Join(timeout_ms=10**9)
     pairs, expired = feed(join, stream(evs))
     expected_pairs, waiting, superseded = [], {}, []
     for n, is_request in evs:
@@ -70,30 +70,29 @@ def test_without_expiry_each_request_meets_its_response_once(evs):
 
 
 @settings(max_examples=200, deadline=None)
-@given(events, st.integers(1, 20), st.integers(1, 10))
-def test_every_side_is_paired_expired_or_waiting_exactly_once(evs, timeout, limit):
-    join = Join(timeout_ms=timeout, limit=limit)
+@given(events, st.integers(1, 20))
+def test_every_side_is_paired_expired_or_waiting_exactly_once(evs, timeout):
+    join = Join(timeout_ms=timeout)
     records = stream(evs)
     paired = expired_count = 0
     for r in records:
         pair, gone = join.add(inference_of(r), r, r.offset)
         paired += 2 * (pair is not None)
         expired_count += len(gone)
-        assert len(join) <= limit
         assert all(w.timestamp_ms >= join.stream_time - timeout for w in join.waiting()[:1])
     assert paired + expired_count + len(join) == len(records)
 
 
 @settings(max_examples=150, deadline=None)
-@given(events, st.integers(1, 20), st.integers(1, 10), st.data())
-def test_a_snapshot_anywhere_resumes_to_the_same_outcome(evs, timeout, limit, data):
+@given(events, st.integers(1, 20), st.data())
+def test_a_snapshot_anywhere_resumes_to_the_same_outcome(evs, timeout, data):
     records = stream(evs)
     cut = data.draw(st.integers(0, len(records)))
-    whole = Join(timeout, limit)
+    whole = Join(timeout)
     expected = feed(whole, records)
-    first = Join(timeout, limit)
+    first = Join(timeout)
     before = feed(first, records[:cut])
-    resumed = Join.restore(first.snapshot(), inference_of, timeout, limit)
+    resumed = Join.restore(first.snapshot(), inference_of, timeout)
     assert [(w.record, w.timestamp_ms) for w in resumed.waiting()] == [
         (w.record, w.timestamp_ms) for w in first.waiting()
     ]

@@ -103,6 +103,8 @@ class Rule:
 
     kind = ""
     stateful = False
+    merges = False
+    """Takes records in ``handle`` and answers them in ``release``, in its own order."""
     backend = ""
 
     def __init__(self, name: str, topics: set[str]) -> None:
@@ -123,6 +125,15 @@ class Rule:
 
     async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
         return RuleResult()
+
+    def release(self, behind: Callable[[TopicPartition], bool]) -> RuleResult:
+        """A merging rule's answers to the records whose turn has come, given which
+        partitions are ``behind`` their end (records of them exist that were not read)."""
+        return RuleResult()
+
+    def full(self) -> set[TopicPartition]:
+        """The partitions a merging rule holds enough of: read no more of them for now."""
+        return set()
 
     def history_size(self, tp: TopicPartition) -> int:
         return 0
@@ -162,6 +173,10 @@ class Rule:
 
     def restore(self, tp: TopicPartition, parts: list[bytes]) -> None:
         """Continue from a base and the segments that follow it, in order."""
+        return None
+
+    def assign(self, tp: TopicPartition) -> None:
+        """A partition of the rule's topics is now read (after its state was restored)."""
         return None
 
     def drop(self, tp: TopicPartition) -> None:

@@ -18,6 +18,7 @@ same decisions in the same order.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -31,6 +32,7 @@ from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
 from vigil.daemon.config import IorRuleConfig, ReachRuleConfig, SeldonConfig, ServingKeys
 from vigil.daemon.join import Expired, Join, Waiting
+from vigil.daemon.merge import TimeMerge
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
 """Where a forwarded record came from (its join-topic copy carries them)."""
@@ -43,27 +45,45 @@ nothing a record holds may stop the daemon."""
 
 
 class ServingForward(Rule):
-    """Stage 1: the rule's requests and responses to its join topic, keyed by model."""
+    """Stage 1: the rule's requests and responses to its join topic, keyed by model, merged
+    from the serving stack's partitions in record-timestamp order (daemon/merge.py)."""
 
     kind = "serving-forward"
+    merges = True
 
-    def __init__(self, name: str, config: ServingKeys, topics: set[str], join_topic: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: ServingKeys,
+        topics: set[str],
+        join_topic: str,
+        context: RuleContext,
+    ) -> None:
         super().__init__(name, topics)
-        self.config, self.join_topic = config, join_topic
+        self.config, self.join_topic, self.context = config, join_topic, context
         self.backend = config.format
         assert config.model is not None
         self.key = config.model.encode()
+        idle_ms = int(config.merge_idle_seconds * 1000)
+        self.merge = TimeMerge(idle_ms, config.join_pending_limit)
+        self._sources: dict[TopicPartition, tuple[tuple[str, bytes], ...]] = {}
 
     def wants_decisions(self, topic: str) -> bool:
         return False
 
     async def handle(self, tp: TopicPartition, records: list[Record], emit_from: int) -> RuleResult:
+        """Take the records into the merge; those before ``emit_from`` were forwarded before
+        the restart (a commit stays behind every record not yet forwarded)."""
+        if records and records[0].offset < emit_from:
+            records = [r for r in records if r.offset >= emit_from]
+        self.merge.add(tp, records)
+        return RuleResult()
+
+    def release(self, behind: Callable[[TopicPartition], bool]) -> RuleResult:
+        """Forward the records whose turn has come, in time order."""
         result = RuleResult()
         started = time.perf_counter()
-        source = (("vigil-topic", tp[0].encode()), ("vigil-partition", str(tp[1]).encode()))
-        for record in records:
-            if record.offset < emit_from:
-                continue  # forwarded before the restart (stateless: nothing to rebuild)
+        for record in self.merge.release(behind):
             try:
                 mine = self._pairable(record)
             except BadEvent as e:
@@ -75,15 +95,41 @@ class ServingForward(Rule):
             if not mine:
                 continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
-            headers = (*record.headers, *source, ("vigil-offset", str(record.offset).encode()))
+            headers = (*record.headers, *self._source(record))
             if record.key is not None:
                 headers += ((KEY_HEADER, record.key),)
             message = OutMessage(
                 self.join_topic, self.key, record.value or b"", headers, record.timestamp_ms
             )
             result.events.append(Answer.to(record, message))
+        read_ahead = self.context.metrics.serving_read_ahead
+        for (topic, partition), held in self.merge.held().items():
+            read_ahead.labels(self.name, topic, str(partition)).set(held)
         result.seconds = time.perf_counter() - started
         return result
+
+    def _source(self, record: Record) -> tuple[tuple[str, bytes], ...]:
+        tp = (record.topic, record.partition)
+        where = self._sources.get(tp)
+        if where is None:
+            where = (("vigil-topic", tp[0].encode()), ("vigil-partition", str(tp[1]).encode()))
+            self._sources[tp] = where
+        return (*where, ("vigil-offset", str(record.offset).encode()))
+
+    def hold(self, tp: TopicPartition) -> int | None:
+        return self.merge.hold(tp)
+
+    def full(self) -> set[TopicPartition]:
+        return self.merge.full()
+
+    def in_flight(self) -> bool:
+        return len(self.merge) > 0
+
+    def assign(self, tp: TopicPartition) -> None:
+        self.merge.assign(tp)
+
+    def drop(self, tp: TopicPartition) -> None:
+        self.merge.drop(tp)
 
     def _pairable(self, record: Record) -> bool:
         """Whether the record is of this rule's model; raises ``BadEvent`` for a record
@@ -156,7 +202,7 @@ class ServingJoin(Rule):
         return await self.checker.check(tp, decisions, emit_from)
 
     def _new_join(self) -> Join:
-        return Join(self.timeout_ms, self.config.join_pending_limit)
+        return Join(self.timeout_ms)
 
     def _decode(self, record: Record) -> Inference:
         source = _original(record)
@@ -201,7 +247,6 @@ class ServingJoin(Rule):
         why = {
             "timeout": f"no {'response' if side == 'request' else 'request'} within "
             f"{self.config.join_timeout_seconds:g} s of stream time",
-            "limit": f"pushed out: {self.config.join_pending_limit} unpaired records held",
             "superseded": "a later record of the same side and key replaced it",
         }[expired.why]
         self.context.metrics.serving_unmatched.labels(self.name, side, expired.why).inc()
@@ -246,9 +291,7 @@ class ServingJoin(Rule):
             self.checker.restore(tp, checker)
             self._continued.add(tp)
         if waiting:
-            self.joins[tp] = Join.restore(
-                waiting, self._decode, self.timeout_ms, self.config.join_pending_limit
-            )
+            self.joins[tp] = Join.restore(waiting, self._decode, self.timeout_ms)
 
     def drop(self, tp: TopicPartition) -> None:
         self.joins.pop(tp, None)
@@ -334,7 +377,7 @@ def serving_rules(
     else:
         checker = ReachRule(config.model_copy(update=update), context)
     return [
-        ServingForward(f"{config.name}.forward", config, set(stages.sources), stages.join),
+        ServingForward(f"{config.name}.forward", config, set(stages.sources), stages.join, context),
         ServingJoin(config, stages.join, checker, context),
     ]
 
