@@ -10,7 +10,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import (
     InvalidProducerEpoch,
     KafkaConnectionError,
@@ -178,8 +177,9 @@ class KafkaSource:
         copartitioned: Iterable[Iterable[str]] = (),
     ) -> None:
         """``copartitioned``: groups of topics whose partition ``p`` one member reads
-        together (connectors/assignor.py); a group that also has members of an older build
-        falls back to the round-robin assignor until every member runs this one."""
+        together (connectors/assignor.py). It is the group's only assignment protocol:
+        aiokafka sends a JoinGroup per configured assignor, and the second, with changed
+        metadata, starts another rebalance, so a list of two never settles."""
         self.topics = sorted(set(topics))
         self._fresh_wait_ms = fresh_fetch_wait_ms
         self._security = security
@@ -199,10 +199,7 @@ class KafkaSource:
             # this long, and the busy partitions on that broker wait for it
             fetch_max_wait_ms=fetch_max_wait_ms,
             max_partition_fetch_bytes=partition_fetch_bytes,
-            partition_assignment_strategy=(
-                CoPartitioned(copartitioned),
-                RoundRobinPartitionAssignor,
-            ),
+            partition_assignment_strategy=(CoPartitioned(copartitioned),),
         )
         self.group_id = group_id
         self._reset = auto_offset_reset
