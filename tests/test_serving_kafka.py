@@ -20,7 +20,9 @@ from tests.daemon_harness import (
     wait_http,
     witness_map,
 )
+from vigil.connectors.events import Record
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
+from vigil.daemon.forwarded import unpack
 from vigil.rules.ior import Monitor, MonitorSpec
 
 PARTITIONS = 3
@@ -114,10 +116,10 @@ async def joined(
     try:
         while time.monotonic() < deadline and len(sides) < 2 * len(rows):
             for records in (await consumer.getmany(timeout_ms=300)).values():
-                sides += [_side(r.headers) for r in records]
+                sides += [_side(f) for r in records for f in unpack(r.value)]
         await asyncio.sleep(2)  # anything more (a duplicate) would arrive now
         for records in (await consumer.getmany(timeout_ms=500)).values():
-            sides += [_side(r.headers) for r in records]
+            sides += [_side(f) for r in records for f in unpack(r.value)]
     finally:
         await consumer.stop()
     assert sorted(sides) == sorted((i, side) for i in rows for side in ("request", "response"))
@@ -132,13 +134,14 @@ async def joined(
     return out
 
 
-def _side(headers) -> tuple[str, str]:
-    """(request id, request or response) of a join-topic record, from the serving stack's
-    headers: Seldon's x-request-id and source topic, KServe's event id and type."""
-    h = {name: value.decode() for name, value in headers}
+def _side(forwarded: Record) -> tuple[str, str]:
+    """(request id, request or response) of a forwarded record, from the serving stack's
+    headers and topic: Seldon's x-request-id and inputs or outputs, KServe's event id and
+    type."""
+    h = {name: value.decode() for name, value in forwarded.headers}
     if "ce_id" in h:
         return h["ce_id"], h["ce_type"].rpartition(".")[2]
-    return h["x-request-id"], "request" if h["vigil-topic"].endswith(".inputs") else "response"
+    return h["x-request-id"], "request" if forwarded.topic.endswith(".inputs") else "response"
 
 
 async def checked(port: int, at_least: int, timeout: float = 60) -> list:

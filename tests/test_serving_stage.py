@@ -1,5 +1,6 @@
 """A serving-stack rule's second stage, the join and its checker as one, through the
-pipeline with in-memory records of the join topic (as the forward stage writes them):
+pipeline with in-memory records of the join topic (as the forward stage packs them, or as
+older builds copied them):
 decisions checked in batches, one state across a restart, and rows the rule cannot read
 as dead letters."""
 
@@ -12,10 +13,12 @@ import orjson
 
 from tests.oracle import witness_sets
 from tests.test_serving_kafka import request_bytes, response_bytes
+from vigil.connectors.events import Record
 from vigil.connectors.memory import MemorySink, MemorySource
 from vigil.daemon.adapters.base import RuleContext
 from vigil.daemon.adapters.serving import ServingJoin, serving_rules
 from vigil.daemon.config import parse_config
+from vigil.daemon.forwarded import PACK_HEADER, frame
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.state import FileStore
@@ -23,23 +26,38 @@ from vigil.daemon.state import FileStore
 TOPIC = "g.r.join"
 
 
-def join_records(requests: list[tuple[str, np.ndarray, np.ndarray]], order: list[tuple[int, str]]):
-    """Values and headers of the join topic: ``order`` lists (request index, side)."""
-    values, headers = [], []
+def join_records(
+    requests: list[tuple[str, np.ndarray, np.ndarray]],
+    order: list[tuple[int, str]],
+    per: int | None = None,
+):
+    """Values and headers of the join topic: ``order`` lists (request index, side), the
+    serving stack's record of each at that offset of its topic. The forward stage packs
+    them ``per`` to a join-topic record; with ``per`` None, each is a copy of its own with
+    its source in headers, as older builds forwarded them."""
+    sources = []
     for offset, (i, side) in enumerate(order):
         ident, x, y = requests[i]
         topic = f"seldon.t.model.m.{'inputs' if side == 'request' else 'outputs'}"
-        values.append(request_bytes(x) if side == "request" else response_bytes(y))
-        headers.append(
-            (
-                ("x-request-id", ident.encode()),
-                ("vigil-topic", topic.encode()),
-                ("vigil-partition", b"0"),
-                ("vigil-offset", str(offset).encode()),
-                ("vigil-key", f"0.m.{ident}".encode()),
-            )
+        value = request_bytes(x) if side == "request" else response_bytes(y)
+        key = f"0.m.{ident}".encode()
+        headers = (("x-request-id", ident.encode()),)
+        sources.append(Record(topic, 0, offset, value, key, headers, 1000 + offset))
+    if per is not None:
+        packs = [sources[at : at + per] for at in range(0, len(sources), per)]
+        values = [b"".join(frame(r, r.topic.encode()) for r in pack) for pack in packs]
+        return values, [((PACK_HEADER, b"1"),)] * len(values)
+    copies = [
+        (
+            *r.headers,
+            ("vigil-topic", r.topic.encode()),
+            ("vigil-partition", b"0"),
+            ("vigil-offset", str(r.offset).encode()),
+            ("vigil-key", r.key),
         )
-    return values, headers
+        for r in sources
+    ]
+    return [r.value for r in sources], copies
 
 
 def pipeline(values, headers, store, sink=None, **rule):
@@ -122,7 +140,7 @@ def test_joined_rows_are_checked_at_most_max_batch_at_a_time_with_exact_witnesse
     of the whole stream at once (brute force)."""
     reqs, x, y = requests(4, 40, 16)
     order = [(i, "request") for i in range(40)] + [(i, "response") for i in range(40)]
-    values, headers = join_records(reqs, order)
+    values, headers = join_records(reqs, order, per=5)
     p, source, join = pipeline(values, headers, FileStore(tmp_path))
     sizes = []
     check = join.checker.check
@@ -144,7 +162,9 @@ def test_a_restart_between_requests_and_responses_checks_every_row_once(tmp_path
     """The requests waiting for their responses and the monitor's history are snapshotted
     together; the process dies after a commit the snapshot lags, with requests waiting. The
     restart replays from the snapshot: every row is checked once and each alert is sent
-    once, with the witness sets of brute force over the pairs' order."""
+    once, with the witness sets of brute force over the pairs' order. The join topic holds
+    copies as older builds forwarded them: a join topic written before an upgrade is
+    still read."""
     reqs, _, _ = requests(9, 60, 3)
     order = interleaved(60, np.random.default_rng(1))
     values, headers = join_records(reqs, order)
@@ -186,10 +206,11 @@ def test_rows_too_narrow_for_the_rule_are_dead_letters(tmp_path):
         ("b", np.zeros((3, 3)), np.array([0, 1, 0])),
     ]
     order = [(0, "request"), (0, "response"), (1, "request"), (1, "response")]
-    values, headers = join_records(reqs, order)
+    values, headers = join_records(reqs, order, per=2)
     p, source, join = pipeline(values, headers, FileStore(tmp_path), dim=4)
     run(p, source)
     dead = [orjson.loads(m.value) for m in p.sink.messages if m.topic == "dead"]
-    assert [(d["reason"], d["source"]["offset"]) for d in dead] == [("dimension", 3)] * 3
+    # the rule's own check names the join-topic record that completed the pair (b's pack)
+    assert [(d["reason"], d["source"]["offset"]) for d in dead] == [("dimension", 1)] * 3
     assert all("x has 3 values, the rule expects 4" in d["error"] for d in dead)
     assert join.checker.monitors[(TOPIC, 0)].history.ids == ["a/0", "a/1"]

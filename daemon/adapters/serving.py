@@ -3,8 +3,9 @@ consume-transform-produce step with the pipeline's commit order (exactly-once wi
 transactions):
 
 1. ``ServingForward`` sends every request and response of the rule's model, as it came, to
-   the rule's join topic keyed by the model: the model's traffic, spread over the serving
-   stack's partitions, gets one order in one partition;
+   the rule's join topic keyed by the model, merged from the serving stack's partitions in
+   record time and packed many to a join-topic record (daemon/forwarded.py): the model's
+   traffic gets one order in one partition;
 2. ``ServingJoin`` pairs requests with responses there and hands each pair's rows, as
    decisions, to the rule's checker (i.o.r. or reach) in the same step. The requests
    waiting for their responses and the checker's history are one state, snapshotted,
@@ -31,13 +32,15 @@ from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, St
 from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
 from vigil.daemon.config import IorRuleConfig, ReachRuleConfig, SeldonConfig, ServingKeys
+from vigil.daemon.forwarded import PACK_BYTES, PACK_HEADER, frame, unpack
 from vigil.daemon.join import Expired, Join, Waiting
 from vigil.daemon.merge import TimeMerge
 
 SOURCE_HEADERS = ("vigil-topic", "vigil-partition", "vigil-offset")
-"""Where a forwarded record came from (its join-topic copy carries them)."""
+"""Where a forwarded record came from, in the join-topic copies of older builds."""
 KEY_HEADER = "vigil-key"
-"""A forwarded record's own key (the join topic's key is the model)."""
+"""A forwarded record's own key, in the join-topic copies of older builds."""
+_PACKED = ((PACK_HEADER, b"1"),)
 _OURS = frozenset((*SOURCE_HEADERS, KEY_HEADER))
 UNREADABLE = (ValueError, TypeError, AttributeError, LookupError, ArithmeticError)
 """What reading a record the decoders did not foresee may raise: a dead letter, since
@@ -66,7 +69,7 @@ class ServingForward(Rule):
         self.key = config.model.encode()
         idle_ms = int(config.merge_idle_seconds * 1000)
         self.merge = TimeMerge(idle_ms, config.join_pending_limit)
-        self._sources: dict[TopicPartition, tuple[tuple[str, bytes], ...]] = {}
+        self._topics: dict[str, bytes] = {}
 
     def wants_decisions(self, topic: str) -> bool:
         return False
@@ -80,9 +83,13 @@ class ServingForward(Rule):
         return RuleResult()
 
     def release(self, behind: Callable[[TopicPartition], bool]) -> RuleResult:
-        """Forward the records whose turn has come, in time order."""
+        """Forward the records whose turn has come, in time order, packed into join-topic
+        records of up to ``PACK_BYTES`` (each answers the last record it holds: one commit
+        passes them all)."""
         result = RuleResult()
         started = time.perf_counter()
+        frames: list[bytes] = []
+        size, last = 0, None
         for record in self.merge.release(behind):
             try:
                 mine = self._pairable(record)
@@ -95,26 +102,29 @@ class ServingForward(Rule):
             if not mine:
                 continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
-            headers = (*record.headers, *self._source(record))
-            if record.key is not None:
-                headers += ((KEY_HEADER, record.key),)
-            message = OutMessage(
-                self.join_topic, self.key, record.value or b"", headers, record.timestamp_ms
-            )
-            result.events.append(Answer.to(record, message))
+            topic = self._topics.get(record.topic)
+            if topic is None:
+                topic = self._topics[record.topic] = record.topic.encode()
+            packed = frame(record, topic)
+            if frames and size + len(packed) > PACK_BYTES:
+                result.events.append(self._message(frames, last))
+                frames, size = [], 0
+            frames.append(packed)
+            size += len(packed)
+            last = record
+        if frames:
+            result.events.append(self._message(frames, last))
         read_ahead = self.context.metrics.serving_read_ahead
-        for (topic, partition), held in self.merge.held().items():
-            read_ahead.labels(self.name, topic, str(partition)).set(held)
+        for (topic_name, partition), held in self.merge.held().items():
+            read_ahead.labels(self.name, topic_name, str(partition)).set(held)
         result.seconds = time.perf_counter() - started
         return result
 
-    def _source(self, record: Record) -> tuple[tuple[str, bytes], ...]:
-        tp = (record.topic, record.partition)
-        where = self._sources.get(tp)
-        if where is None:
-            where = (("vigil-topic", tp[0].encode()), ("vigil-partition", str(tp[1]).encode()))
-            self._sources[tp] = where
-        return (*where, ("vigil-offset", str(record.offset).encode()))
+    def _message(self, frames: list[bytes], last: Record | None) -> Answer:
+        assert last is not None
+        value = b"".join(frames)
+        message = OutMessage(self.join_topic, self.key, value, _PACKED, last.timestamp_ms)
+        return Answer.to(last, message)
 
     def hold(self, tp: TopicPartition) -> int | None:
         return self.merge.hold(tp)
@@ -177,21 +187,28 @@ class ServingJoin(Rule):
         for record in records:
             live = record.offset >= emit_from
             try:
-                inference = self._decode(record)
+                sources = _carried(record)
             except BadEvent as e:
                 if live:
                     result.events.append(self._dead(record, record, e.reason, str(e)))
                 continue
-            except UNREADABLE as e:
+            for source in sources:
+                try:
+                    inference = self._decode(source)
+                except BadEvent as e:
+                    if live:
+                        result.events.append(self._dead(record, source, e.reason, str(e)))
+                    continue
+                except UNREADABLE as e:
+                    if live:
+                        error = f"cannot read it: {e!r}"
+                        result.events.append(self._dead(record, source, "undecodable", error))
+                    continue
+                pair, expired = join.add(inference, source, source.timestamp_ms)
                 if live:
-                    error = f"cannot read it: {e!r}"
-                    result.events.append(self._dead(record, record, "undecodable", error))
-                continue
-            pair, expired = join.add(inference, record, record.timestamp_ms)
-            if live:
-                result.events += [self._unmatched(record, e) for e in expired]
-            if pair is not None:
-                self._decisions(record, *pair, result, live)
+                    result.events += [self._unmatched(record, e) for e in expired]
+                if pair is not None:
+                    self._decisions(record, *pair, result, live)
         self.context.metrics.serving_waiting.labels(self.name, tp[0], str(tp[1])).set(len(join))
         result.seconds = time.perf_counter() - started
         return result
@@ -204,10 +221,8 @@ class ServingJoin(Rule):
     def _new_join(self) -> Join:
         return Join(self.timeout_ms)
 
-    def _decode(self, record: Record) -> Inference:
-        source = _original(record)
-        if source is record:
-            raise BadEvent("schema", "a join-topic record without its source topic header")
+    def _decode(self, source: Record) -> Inference:
+        """The request or response in one of the serving stack's records."""
         if self.config.format == "seldon":
             assert self.config.model is not None
             return seldon.decode(source, self.config.model)
@@ -291,7 +306,9 @@ class ServingJoin(Rule):
             self.checker.restore(tp, checker)
             self._continued.add(tp)
         if waiting:
-            self.joins[tp] = Join.restore(waiting, self._decode, self.timeout_ms)
+            # a snapshot of an older build holds join-topic copies: their sources are read
+            decode = lambda record: self._decode(_original(record))  # noqa: E731
+            self.joins[tp] = Join.restore(waiting, decode, self.timeout_ms)
 
     def drop(self, tp: TopicPartition) -> None:
         self.joins.pop(tp, None)
@@ -338,6 +355,22 @@ def _pack(waiting: bytes, checker: bytes) -> bytes:
 def _unpack(part: bytes) -> tuple[bytes, bytes]:
     size = int.from_bytes(part[:8], "little")
     return part[8 : 8 + size], part[8 + size :]
+
+
+def _carried(record: Record) -> list[Record]:
+    """The serving stack's records a join-topic record carries: many (packed by this
+    build's forward stage), or one (a copy with its source headers, as older builds
+    forwarded them)."""
+    headers = record.headers
+    if len(headers) == 1 and tuple(headers[0]) == _PACKED[0]:
+        try:
+            return unpack(record.value or b"")
+        except ValueError as e:
+            raise BadEvent("undecodable", f"a join-topic record of packed records: {e}") from e
+    source = _original(record)
+    if source is record:
+        raise BadEvent("schema", "a join-topic record without its source topic header")
+    return [source]
 
 
 def _original(record: Record) -> Record:

@@ -1,0 +1,78 @@
+"""The join topic's record format: many of the serving stack's records, as they came (topic,
+partition, offset, timestamp, key, headers, value), in one join-topic record.
+
+One produce and one consume per forward step instead of one per record: the Kafka client
+costs microseconds a record (docs/benchmarks.md), twice per forwarded record. A frame is a
+fixed little-endian head, then the topic, key, value and headers' bytes; a missing key or
+value is length -1.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from vigil.connectors.events import Record
+
+PACK_HEADER = "vigil-records"
+"""Marks a join-topic record holding packed records (its value: their frames)."""
+PACK_BYTES = 256 << 10
+"""Frames per join-topic record, in bytes, at most (one larger record goes alone): under the
+producer's batch (512 KiB) and the broker's default message limit (1 MiB)."""
+
+_HEAD = struct.Struct("<HiqqiiH")  # topic length, partition, offset, timestamp, key, value, headers
+_HEADER = struct.Struct("<Hi")  # name length, value length
+
+
+def frame(record: Record, topic: bytes) -> bytes:
+    """One record as a frame (``topic``: its topic, encoded)."""
+    key, value = record.key, record.value
+    parts = [
+        _HEAD.pack(
+            len(topic),
+            record.partition,
+            record.offset,
+            record.timestamp_ms,
+            -1 if key is None else len(key),
+            -1 if value is None else len(value),
+            len(record.headers),
+        ),
+        topic,
+        key or b"",
+        value or b"",
+    ]
+    for name, data in record.headers:
+        encoded = name.encode()
+        parts += (_HEADER.pack(len(encoded), len(data or b"")), encoded, data or b"")
+    return b"".join(parts)
+
+
+def unpack(value: bytes) -> list[Record]:
+    """The records of a packed value, in order; raises ``ValueError`` for bytes that are not
+    whole frames."""
+    out: list[Record] = []
+    topics: dict[bytes, str] = {}
+    at, end = 0, len(value)
+    try:
+        while at < end:
+            size, partition, offset, timestamp, klen, vlen, count = _HEAD.unpack_from(value, at)
+            at += _HEAD.size
+            raw = value[at : at + size]
+            topic = topics.get(raw) or topics.setdefault(raw, raw.decode())
+            at += size
+            key = None if klen < 0 else value[at : at + klen]
+            at += max(klen, 0)
+            data = None if vlen < 0 else value[at : at + vlen]
+            at += max(vlen, 0)
+            headers = []
+            for _ in range(count):
+                nlen, hlen = _HEADER.unpack_from(value, at)
+                at += _HEADER.size
+                name = value[at : at + nlen].decode()
+                headers.append((name, value[at + nlen : at + nlen + hlen]))
+                at += nlen + hlen
+            if at > end:
+                raise ValueError("a frame runs past the end")
+            out.append(Record(topic, partition, offset, data, key, tuple(headers), timestamp))
+    except (struct.error, UnicodeDecodeError) as e:
+        raise ValueError(f"not packed records: {e}") from None
+    return out
