@@ -11,6 +11,7 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
+    InconsistentGroupProtocolError,
     InvalidProducerEpoch,
     KafkaConnectionError,
     KafkaError,
@@ -212,14 +213,21 @@ class KafkaSource:
     async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
         """Up to ``max_records``, waiting at most ``timeout_ms`` for the first; the records
         buffered, then those that arrive within ``fresh_fetch_wait_ms``."""
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-        taken = sum(map(len, batches.values()))
-        if taken and taken < max_records:
-            fresh = await self._consumer.getmany(
-                timeout_ms=self._fresh_wait_ms, max_records=max_records - taken
-            )
-            for tp, messages in fresh.items():
-                batches[tp] = batches.get(tp, []) + messages
+        try:
+            batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            taken = sum(map(len, batches.values()))
+            if taken and taken < max_records:
+                fresh = await self._consumer.getmany(
+                    timeout_ms=self._fresh_wait_ms, max_records=max_records - taken
+                )
+                for tp, messages in fresh.items():
+                    batches[tp] = batches.get(tp, []) + messages
+        except InconsistentGroupProtocolError:
+            raise ValueError(
+                f"consumer group {self.group_id!r}: its members assign partitions with another "
+                f"protocol than {CoPartitioned.name!r} (instances of an older Vigil build?): "
+                "stop them, then start this one"
+            ) from None
         return [
             Record(m.topic, m.partition, m.offset, m.value, m.key, m.headers, m.timestamp)
             for tp in sorted(batches, key=lambda t: (t.topic, t.partition))

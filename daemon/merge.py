@@ -64,7 +64,7 @@ class TimeMerge:
         """The partitions holding ``limit`` records or more: to be paused."""
         return {tp for tp, b in self._buffers.items() if len(b) >= self.limit}
 
-    def waiting_for(self, behind: Callable[[TopicPartition], bool]) -> list[TopicPartition]:
+    def _waiting_for(self, behind: Callable[[TopicPartition], bool]) -> list[TopicPartition]:
         """The partitions the merge waits for now: nothing buffered, behind their end, and
         not yet waited for ``idle_ms`` (the wait starts now for one found so first)."""
         now = self._clock()
@@ -77,7 +77,7 @@ class TimeMerge:
     def release(self, behind: Callable[[TopicPartition], bool]) -> list[Record]:
         """The records whose turn has come, oldest first: up to the point where a partition
         the merge waits for runs out of buffered records."""
-        if not any(self._buffers.values()) or self.waiting_for(behind):
+        if not any(self._buffers.values()) or self._waiting_for(behind):
             return []
         heads = [
             (buffer[0].timestamp_ms, tp, buffer) for tp, buffer in self._buffers.items() if buffer

@@ -9,6 +9,8 @@ import asyncio
 import uuid
 from types import SimpleNamespace
 
+import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import ConcurrentTransactions
 from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler
 from aiokafka.structs import TopicPartition
@@ -90,3 +92,25 @@ async def test_a_refused_transaction_is_asked_again_after_the_sinks_backoff():
     assert offsets.handle_response(SimpleNamespace(error_code=ConcurrentTransactions.errno)) == (
         expected
     )
+
+
+async def test_a_group_of_an_older_builds_members_is_named_not_joined(kafka_bootstrap):
+    """A member of an older build assigns with the client's round-robin protocol; a source
+    joining its group is refused by the broker, and says what to do."""
+    topic = f"upgrade-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic)
+    group = f"g-{topic}"
+    old = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, group_id=group)
+    await old.start()
+    source = KafkaSource([topic], kafka_bootstrap, group)
+    try:
+        while not old.assignment():
+            await old.getmany(timeout_ms=200)
+        await source.start(nothing, nothing)
+        with pytest.raises(ValueError, match=r"another protocol .* stop them, then start"):
+            async with asyncio.timeout(30):
+                while True:
+                    await source.fetch(10, 200)
+    finally:
+        await source.stop()
+        await old.stop()
