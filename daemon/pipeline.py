@@ -285,8 +285,6 @@ class Pipeline:
             raise self.fatal
         if records:
             await self._process(records, fetched_at)
-        elif self._merging and await self._release_merged():
-            pass  # records released (a wait ended): read on
         elif not any(r.in_flight() for r in self.rules):
             await self._settle()
             if until_idle:
@@ -380,11 +378,14 @@ class Pipeline:
             w.cancel()
 
     async def deliver_completed(self) -> None:
-        """Deliver the results of finished offloaded jobs and commit what they released."""
+        """Deliver the results of finished offloaded jobs, and what the merging rules release
+        with no new records (an idle wait ended), and commit what they released."""
         async with self._lock:
             if self.failed:
                 return
             answers = [a for r in self.rules for a in r.completed()]
+            if self._merging:
+                answers += self._merged()
             await self.checkpoint.deliver(answers, self._commit_positions(list(self._emit_from)))
 
     @property
@@ -455,17 +456,6 @@ class Pipeline:
             for tp in positions:
                 self._maybe_snapshot(tp)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
-
-    async def _release_merged(self) -> bool:
-        """Release what the merging rules hold once time (their idle wait) lets them, with
-        no new records; whether anything was released."""
-        async with self._lock:
-            if self.failed:
-                return False
-            answers = self._merged()
-            offsets = self._commit_positions(list(self._emit_from))
-            await self.checkpoint.send(answers, offsets)
-            return bool(answers or offsets)
 
     def _merged(self) -> list[Answer]:
         """The merging rules' answers to the records whose turn has come; the partitions

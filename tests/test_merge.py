@@ -65,7 +65,7 @@ def test_any_fetch_order_gives_the_order_of_time(ts, data, limit):
         merge.add(tp, streams[tp][read[tp] : read[tp] + size])
         read[tp] = min(read[tp] + size, len(streams[tp]))
         released += merge.release(lambda tp: read[tp] < len(streams[tp]))
-        assert all(len(merge._buffers[tp]) < limit + 4 for tp in streams)
+        assert all(held < limit + 4 for held in merge.held().values())
         paused = merge.full()
     assert not any(read[tp] < len(streams[tp]) for tp in streams), "a paused merge stalled"
     released += merge.release(lambda tp: False)
