@@ -45,13 +45,22 @@ async def start_client(
     client: AIOKafkaConsumer | AIOKafkaProducer, servers: str, security: KafkaSecurity
 ) -> None:
     """Start ``client``; if it cannot bootstrap, raise ``BrokerRejected`` (the security
-    settings do not fit the broker) or ``BrokerUnavailable`` (nothing answered), one line
-    that names what to check."""
+    settings do not fit the broker) or ``BrokerUnavailable`` (nothing answered, or the
+    broker is not serving yet), one line that names what to check. A client that failed to
+    start is stopped and cannot be started again."""
     try:
         await client.start()
     except KafkaConnectionError:
         await client.stop()
         raise await diagnose(servers, security) from None
+    except AssertionError:
+        # aiokafka asserts when the bootstrap metadata names no broker, as a broker's does
+        # in the seconds after it starts or resumes
+        await client.stop()
+        raise BrokerUnavailable(
+            f"the broker at {servers} answered, but its metadata names no broker yet "
+            "(starting or resuming)"
+        ) from None
 
 
 def broker_gone(error: BaseException) -> bool:
@@ -184,7 +193,7 @@ class KafkaSource:
         self.topics = sorted(set(topics))
         self._fresh_wait_ms = fresh_fetch_wait_ms
         self._security = security
-        self._consumer = AIOKafkaConsumer(
+        self._options = dict(
             **security.client_options(),
             bootstrap_servers=bootstrap_servers,
             group_id=group_id,
@@ -202,12 +211,18 @@ class KafkaSource:
             max_partition_fetch_bytes=partition_fetch_bytes,
             partition_assignment_strategy=(CoPartitioned(copartitioned),),
         )
+        self._consumer = AIOKafkaConsumer(**self._options)
         self.group_id = group_id
         self._reset = auto_offset_reset
         self._servers = bootstrap_servers
 
     async def start(self, on_assign: AssignCallback, on_revoke: AssignCallback) -> None:
-        await start_client(self._consumer, self._servers, self._security)
+        """Start the consumer; after a failed start, this may be called again."""
+        try:
+            await start_client(self._consumer, self._servers, self._security)
+        except BaseException:
+            self._consumer = AIOKafkaConsumer(**self._options)
+            raise
         self._consumer.subscribe(self.topics, listener=_Listener(on_assign, on_revoke))
 
     async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
@@ -366,7 +381,12 @@ class KafkaSink:
         )
 
     async def start(self) -> None:
-        await start_client(self._producer, self._servers, self._security)
+        """Start the producer; after a failed start, this may be called again."""
+        try:
+            await start_client(self._producer, self._servers, self._security)
+        except BaseException:
+            self._producer = self._new_producer()
+            raise
 
     async def restart(self, close_timeout: float) -> None:
         """Replace the producer after a failed delivery: the old one is closed (for at most

@@ -16,7 +16,13 @@ from functools import partial
 import structlog
 
 from vigil.connectors.files import JsonLinesSink, JsonLinesSource
-from vigil.connectors.kafka import BrokerProbe, KafkaSink, KafkaSource, ensure_topics
+from vigil.connectors.kafka import (
+    BrokerProbe,
+    KafkaSink,
+    KafkaSource,
+    broker_gone,
+    ensure_topics,
+)
 from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable, diagnose
 from vigil.daemon.adapters import Rule, RuleContext
 from vigil.daemon.adapters import build_rules as build_adapters
@@ -41,6 +47,7 @@ deadline the process ends itself."""
 _MIN_CLOSE_SECONDS = 0.2
 _DIAGNOSE_SECONDS = 5.0
 _STARTUP_POLL_SECONDS = 0.2
+_RESTART_SECONDS = 1.0
 _stop_signalled = threading.Event()
 
 
@@ -318,9 +325,32 @@ async def _start(pipeline: Pipeline, config: Config, stop: asyncio.Event) -> boo
         pipeline.store.start,
         partial(pipeline.source.start, pipeline.on_assign, pipeline.on_revoke),
     ):
-        if not await _first(step(), stop):
+        if not await _start_client(step, pipeline, config, stop):
             return False
     return True
+
+
+async def _start_client(
+    step: Callable[[], Awaitable[None]], pipeline: Pipeline, config: Config, stop: asyncio.Event
+) -> bool:
+    """Run the start ``step`` of a client; if the broker stops answering meanwhile (or is
+    not serving yet), wait for it and start again, for at most ``[kafka]
+    startup_timeout_seconds``. False if stopped first."""
+    ends = time.monotonic() + pipeline.settings.startup_timeout_seconds
+    while True:
+        try:
+            return await _first(step(), stop)
+        except Exception as error:
+            passing = isinstance(error, BrokerUnavailable) or broker_gone(error)
+            if not passing or pipeline.broker is None or time.monotonic() > ends:
+                raise
+            log.warning("client_start_retried", reason=str(error) or type(error).__name__)
+        if not await _first(asyncio.sleep(_RESTART_SECONDS), stop):
+            return False
+        if pipeline.broker is not None and not await _wait_for_broker(
+            pipeline.broker, config, stop
+        ):
+            return False
 
 
 async def _wait_for_broker(broker: BrokerWatch, config: Config, stop: asyncio.Event) -> bool:

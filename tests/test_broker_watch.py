@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
+import pytest
+from aiokafka.errors import NodeNotReadyError
 from structlog.testing import capture_logs
 
 from tests.daemon_harness import metric_samples
+from vigil.connectors.kafka_security import BrokerRejected, BrokerUnavailable, KafkaSecurity
 from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.logs import CLIENT_LOGS
 from vigil.daemon.metrics import Metrics
@@ -71,3 +75,64 @@ def test_vigils_own_broker_verdicts_are_final_not_waited_out():
     assert broker_gone(UnknownTopicOrPartitionError()) is bool(
         UnknownTopicOrPartitionError.retriable
     )
+
+
+def _starting(timeout: float) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """The pipeline and config ``_start_client`` reads: a broker that answers."""
+    pipeline = SimpleNamespace(
+        settings=SimpleNamespace(startup_timeout_seconds=timeout), broker=SimpleNamespace(up=True)
+    )
+    kafka = SimpleNamespace(
+        bootstrap_servers="b:9092", security=KafkaSecurity, startup_timeout_seconds=timeout
+    )
+    return pipeline, SimpleNamespace(kafka=kafka)
+
+
+def test_a_client_start_the_broker_interrupts_is_tried_again(monkeypatch):
+    from vigil.daemon import service
+
+    monkeypatch.setattr(service, "_RESTART_SECONDS", 0)
+    errors = [BrokerUnavailable("metadata names no broker yet"), NodeNotReadyError()]
+    calls = []
+
+    async def step() -> None:
+        calls.append(1)
+        if errors:
+            raise errors.pop(0)
+
+    async def story() -> bool:
+        return await service._start_client(step, *_starting(60), asyncio.Event())
+
+    with capture_logs() as logs:
+        assert asyncio.run(story()) is True
+    assert len(calls) == 3
+    assert [e["event"] for e in logs] == ["client_start_retried"] * 2
+    assert "names no broker" in logs[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("error", "timeout"),
+    [
+        (BrokerRejected("wrong password"), 60),
+        (ValueError("a setting"), 60),
+        (BrokerUnavailable("gone"), 0),
+    ],
+)
+def test_a_refused_start_or_one_past_the_startup_timeout_is_not_tried_again(
+    monkeypatch, error, timeout
+):
+    from vigil.daemon import service
+
+    monkeypatch.setattr(service, "_RESTART_SECONDS", 0)
+    calls = []
+
+    async def step() -> None:
+        calls.append(1)
+        raise error
+
+    async def story() -> bool:
+        return await service._start_client(step, *_starting(timeout), asyncio.Event())
+
+    with pytest.raises(type(error)):
+        asyncio.run(story())
+    assert len(calls) == 1

@@ -15,8 +15,17 @@ from aiokafka.errors import ConcurrentTransactions
 from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler
 from aiokafka.structs import TopicPartition
 
-from tests.daemon_harness import create_topic, produce
-from vigil.connectors.kafka import TRANSACTION_RETRY_BACKOFF_MS, KafkaSink, KafkaSource
+from tests.daemon_harness import consume_all, create_topic, produce
+from vigil.connectors import kafka as kafka_connector
+from vigil.connectors.base import OutMessage
+from vigil.connectors.kafka import (
+    PLAINTEXT,
+    TRANSACTION_RETRY_BACKOFF_MS,
+    KafkaSink,
+    KafkaSource,
+    start_client,
+)
+from vigil.connectors.kafka_security import BrokerUnavailable
 
 
 def refused_for(topic: str) -> SimpleNamespace:
@@ -114,3 +123,65 @@ async def test_a_group_of_an_older_builds_members_is_named_not_joined(kafka_boot
     finally:
         await source.stop()
         await old.stop()
+
+
+class _Unserved:
+    """An aiokafka client whose start asserts as aiokafka does when the bootstrap metadata
+    names no broker (a broker in the seconds after it starts or resumes)."""
+
+    stopped = False
+
+    async def start(self) -> None:
+        raise AssertionError("Did we not perform bootstrap?")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_broker_not_serving_yet_is_told_as_unavailable_not_as_an_assertion():
+    client = _Unserved()
+    with pytest.raises(BrokerUnavailable, match="metadata names no broker yet"):
+        await start_client(client, "127.0.0.1:1", PLAINTEXT)  # type: ignore[arg-type]
+    assert client.stopped
+
+
+@pytest.mark.parametrize("side", ["sink", "source"])
+async def test_a_client_whose_start_failed_starts_again(kafka_bootstrap, monkeypatch, side):
+    """The first start of the sink's producer (or the source's consumer) bootstraps, then
+    fails and is stopped; the next start runs on a new client and that client works."""
+    real, failed = kafka_connector.start_client, []
+
+    async def failing_once(client, servers, security) -> None:
+        await real(client, servers, security)
+        if not failed:
+            failed.append(client)
+            await client.stop()
+            raise BrokerUnavailable("the broker went away")
+
+    monkeypatch.setattr(kafka_connector, "start_client", failing_once)
+    topic = f"restart-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic)
+    if side == "sink":
+        sink = KafkaSink(kafka_bootstrap, "g")
+        with pytest.raises(BrokerUnavailable):
+            await sink.start()
+        await sink.start()
+        try:
+            await sink.deliver([OutMessage(topic, b"k", b'{"started": 2}')], {})
+        finally:
+            await sink.stop()
+        assert await consume_all(kafka_bootstrap, topic, 1, 30, settle=0) == [{"started": 2}]
+    else:
+        await produce(kafka_bootstrap, topic, [b"one"])
+        source = KafkaSource([topic], kafka_bootstrap, f"g-{topic}")
+        with pytest.raises(BrokerUnavailable):
+            await source.start(nothing, nothing)
+        await source.start(nothing, nothing)
+        try:
+            async with asyncio.timeout(30):
+                records = []
+                while not records:
+                    records = await source.fetch(10, 200)
+        finally:
+            await source.stop()
+        assert [r.value for r in records] == [b"one"]
