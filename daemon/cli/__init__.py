@@ -13,9 +13,13 @@ import importlib
 import logging
 import pkgutil
 import sys
+import time
 
-from vigil import __version__
-from vigil.connectors.errors import BrokerRejected, BrokerUnavailable
+STARTED = time.monotonic()
+"""When the command started: a time limit it takes (``--timeout``) counts its imports."""
+
+from vigil import __version__  # noqa: E402
+from vigil.connectors.errors import BrokerRejected, BrokerUnavailable  # noqa: E402
 
 GROUPS = {
     "verify": "verify a network (reachability, mini-batch MILP robustness)",

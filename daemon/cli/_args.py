@@ -33,6 +33,21 @@ def out_path(text: str) -> Path:
     return path
 
 
+def byte_size(text: str) -> int:
+    """An argparse type: a size in bytes, ``256MB`` (10^6) or ``2GiB`` (2^30) and the like."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 256MB or 2GiB, got {text!r}"
+        ) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return size
+
+
 def seed(text: str) -> int:
     """An argparse type: a seed for numpy's generators is a non-negative integer."""
     try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -11,13 +12,15 @@ from pathlib import Path
 
 import orjson
 
-from vigil.daemon.cli._args import out_path
+from vigil.daemon.cli._args import byte_size, out_path
 from vigil.rules.reach.complete import Verdict, verify
 from vigil.rules.reach.network import load_checked
 from vigil.rules.reach.query import Query
 from vigil.rules.reach.vnnlib import read_query
 
 GROUP = "verify"
+DEFAULT_MEMORY = 2 << 30
+MIN_SEARCH_MEMORY = 32 << 20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds for the whole run (default 300)"
     )
+    p.add_argument(
+        "--memory-limit",
+        type=byte_size,
+        default=DEFAULT_MEMORY,
+        metavar="SIZE",
+        help="the process's resident memory at most, e.g. 256MB or 4GiB (default 2GiB): the "
+        "search gets what loading the model left of it",
+    )
     p.add_argument("--out", type=out_path, metavar="RESULT", help="VNN-COMP result file")
     p.set_defaults(handler=run)
 
@@ -43,9 +54,11 @@ def solve(
     timeout: float,
     started: float,
     progress: Callable[[dict[str, int]], None] | None = None,
+    memory_limit: int = DEFAULT_MEMORY,
 ) -> Verdict:
     """Load and check the model, then decide the query; the time already spent since
-    ``started`` counts against ``timeout``."""
+    ``started`` counts against ``timeout``, the memory the process holds then against
+    ``memory_limit``."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
     network, runner = load_checked(model)
@@ -54,10 +67,33 @@ def solve(
             f"the property is over {query.inputs} inputs and {query.outputs} outputs, "
             f"{model.name} has {network.input_dim} and {network.output_dim}"
         )
+    held = peak_rss()
+    if memory_limit - held < MIN_SEARCH_MEMORY:
+        raise ValueError(
+            f"--memory-limit {memory_limit >> 20} MiB leaves the search less than "
+            f"{MIN_SEARCH_MEMORY >> 20} MiB: the process holds {held >> 20} MiB once the "
+            "model is loaded"
+        )
     left = timeout - (time.monotonic() - started)
-    verdict = verify(network, query, runner, timeout=max(left, 0.0), progress=progress)
+    try:
+        verdict = verify(
+            network,
+            query,
+            runner,
+            timeout=max(left, 0.0),
+            memory=memory_limit - held,
+            progress=progress,
+        )
+    except MemoryError as e:
+        raise ValueError(f"--memory-limit {memory_limit >> 20} MiB: {e}") from None
     verdict.seconds = time.monotonic() - started
     return verdict
+
+
+def peak_rss() -> int:
+    """The most resident memory this process has held so far, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak << 10
 
 
 def _progress(stats: dict[str, int]) -> None:
@@ -81,10 +117,18 @@ def result_file(verdict: Verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    started = time.monotonic()
+    from vigil.daemon.cli import STARTED as started
     if not args.model.is_file():
         raise ValueError(f"{args.model}: no such file")
-    verdict = solve(args.model, read_query(args.spec), args.timeout, started, _progress)
+    verdict = solve(
+        args.model, read_query(args.spec), args.timeout, started, _progress, args.memory_limit
+    )
+    if verdict.result in ("timeout", "unknown"):
+        print(
+            f"vigil verify vnnlib: {verdict.result} after {verdict.seconds:.1f} s "
+            f"(--timeout {args.timeout:g}): {verdict.reason}",
+            file=sys.stderr,
+        )
     out: dict[str, object] = {
         "result": verdict.result,
         "seconds": round(verdict.seconds, 4),

@@ -46,11 +46,48 @@ def output_bounds(
     return OutputBounds(upper, gradient, np.asarray(unstable))
 
 
+@dataclass(frozen=True)
+class SplitBounds:
+    """Bounds of branches that assume the signs of some neurons (``split_bounds``): upper
+    bounds of the rows (B, k); their coefficients on the input (B, k, d); each hidden
+    layer's pre-activation bounds (low, high), (B, width); per hidden layer what each
+    neuron's relaxation adds to each row's bound (B, k, width); and the branches whose
+    assumptions no input of the box meets (B,)."""
+
+    upper: np.ndarray
+    coefficients: np.ndarray
+    pre: list[tuple[np.ndarray, np.ndarray]]
+    intercepts: list[np.ndarray]
+    empty: np.ndarray
+
+
+def split_bounds(
+    network: Network, lo: np.ndarray, hi: np.ndarray, signs: list[np.ndarray], C: np.ndarray
+) -> SplitBounds:
+    """Upper bounds of C f(x) over each box [lo, hi] (B, d) within the branch its ``signs``
+    describe (see ``pre_activation_bounds``)."""
+    centre, radius = (lo + hi) / 2, (hi - lo) / 2
+    pre = pre_activation_bounds(network, lo, hi, signs)
+    empty = np.zeros(len(lo), dtype=bool)
+    for low, high in pre:
+        empty |= (low > high).any(axis=1)
+    intercepts: list[np.ndarray] = []
+    upper, lam = _back_substitute(
+        network.weights, network.biases, pre, C, centre, radius, intercepts
+    )
+    return SplitBounds(upper, lam, pre, intercepts, empty)
+
+
 def pre_activation_bounds(
-    network: Network, lo: np.ndarray, hi: np.ndarray
+    network: Network, lo: np.ndarray, hi: np.ndarray, signs: list[np.ndarray] | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each hidden layer's pre-activation bounds (low, high), each (B, width), over the
-    boxes: interval arithmetic, then back-substitution for the neurons it leaves unstable."""
+    boxes: interval arithmetic, then back-substitution for the neurons it leaves unstable.
+
+    ``signs``: per hidden layer (B, width), +1 where a branch assumes the neuron's
+    pre-activation >= 0, -1 where <= 0, 0 where free; the bounds of an assumed neuron are
+    cut at 0 before the next layers are bounded. Where an assumption contradicts the bounds,
+    low > high: no input of the box is in that branch."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     weights, biases = network.weights, network.biases
     pre: list[tuple[np.ndarray, np.ndarray]] = []
@@ -72,6 +109,9 @@ def pre_activation_bounds(
                 )
                 high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
                 low[:, unstable] = np.maximum(low[:, unstable], -upper[:, n:])
+        if signs is not None:
+            low = np.where(signs[k] > 0, np.maximum(low, 0.0), low)
+            high = np.where(signs[k] < 0, np.minimum(high, 0.0), high)
         pre.append((low, high))
         post_lo, post_hi = np.maximum(low, 0.0), np.maximum(high, 0.0)
     return pre
@@ -96,11 +136,14 @@ def _back_substitute(
     rows: np.ndarray,
     centre: np.ndarray,
     radius: np.ndarray,
+    intercepts: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds over the boxes of ``rows`` (k, n) times the last layer's output, each
     ReLU replaced by the linear bound its pre-activation bounds allow for the sign of its
     coefficient (the chord above; 0 or the identity below, whichever is closer); and the
-    coefficients on the input (B, k, d)."""
+    coefficients on the input (B, k, d). ``intercepts``, when given, receives per hidden
+    layer (first to last) what each neuron's chord adds to each row's bound (B, k, width):
+    the looseness a split of that neuron removes."""
     batch, k = centre.shape[0], rows.shape[0]
     last = len(weights) - 1
     const = np.broadcast_to(rows @ biases[last], (batch, k)).copy()
@@ -111,11 +154,16 @@ def _back_substitute(
         cols = np.flatnonzero(crossing.any(axis=0))  # crossing in some box of the batch
         sub = lam[:, :, cols]
         lam *= (lo >= 0)[:, None, :]  # a stable neuron passes or stops, whatever the sign
+        added = np.zeros((batch, k, lo.shape[1])) if intercepts is not None else None
         if cols.size:
             chord, floor, shift = relu_relaxation(lo[:, cols], hi[:, cols])
             up = np.maximum(sub, 0.0)
             const += np.einsum("bkn,bn->bk", up, shift)
             lam[:, :, cols] = up * chord[:, None, :] + (sub - up) * floor[:, None, :]
+            if added is not None:
+                added[:, :, cols] = up * shift[:, None, :]
+        if intercepts is not None:
+            intercepts.insert(0, added)
         const += lam @ biases[i]
         lam = (lam.reshape(batch * k, -1) @ weights[i]).reshape(batch, k, -1)
     upper = (

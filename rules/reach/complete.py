@@ -28,6 +28,7 @@ from vigil.rules.reach.backward import output_bounds
 from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case, Query
+from vigil.rules.reach.relu_split import WHOLE_OUTPUT_SPACE, ReluSplit, bytes_per_branch
 
 BATCH = 256
 """Boxes bounded together (one matrix product per layer for all of them)."""
@@ -54,6 +55,15 @@ goes to the MILP too: bisection had not closed it, and HiGHS decides such a box 
 milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went from timeouts
 to 52 and 81 s (docs/benchmarks.md)."""
 
+INPUT_SPLIT_DIMS = 16
+"""Networks with at most this many inputs are searched by bisecting the input box, others
+by splitting ReLUs (``splits_inputs``)."""
+MEMORY = 2 << 30
+"""Bytes the search's arrays may take at once, by default."""
+ATTACK_ROUNDS = 8
+"""Rounds of random restarts before a ReLU search (``SEARCH_STARTS`` points each)."""
+ATTACK_STEPS = 40
+
 TOLERANCE = 1e-4
 """How far outside the unsafe region the reference output of a counterexample may be: the
 tolerance VNN-COMP checks counterexamples with (a point the MILP finds on the region's
@@ -66,13 +76,21 @@ Confirm = Callable[[np.ndarray], np.ndarray]
 @dataclass
 class Verdict:
     """A query's answer; for ``sat`` the counterexample as the reference evaluator computes
-    it."""
+    it; for ``timeout`` and ``unknown`` the reason."""
 
     result: str
     seconds: float
     x: np.ndarray | None = None
     y: np.ndarray | None = None
     stats: dict[str, int] = field(default_factory=dict)
+    reason: str = ""
+
+
+def splits_inputs(network: Network) -> bool:
+    """Whether the search bisects the input box (few inputs, as ACAS Xu's 5) rather than
+    branching on the signs of unstable neurons (``relu_split``): halving one of 784 inputs
+    hardly tightens a bound, fixing a neuron does."""
+    return network.input_dim <= INPUT_SPLIT_DIMS
 
 
 def verify(
@@ -81,9 +99,11 @@ def verify(
     confirm: Confirm,
     *,
     timeout: float = 60.0,
+    memory: int = MEMORY,
     progress: Callable[[dict[str, int]], None] | None = None,
 ) -> Verdict:
-    """The query's answer within ``timeout`` seconds."""
+    """The query's answer within ``timeout`` seconds, using at most about ``memory`` bytes
+    for the search's arrays."""
     if query.inputs != network.input_dim or query.outputs != network.output_dim:
         raise ValueError(
             f"the property is over {query.inputs} inputs and {query.outputs} outputs, the "
@@ -91,36 +111,68 @@ def verify(
         )
     started = time.monotonic()
     deadline = started + timeout
-    stats = {"boxes": 0, "splits": 0, "milp": 0, "candidates": 0}
-    search = _Search(network, confirm, stats)
+    stats = {"boxes": 0, "branches": 0, "splits": 0, "milp": 0, "candidates": 0}
+    search = _Search(network, confirm, stats, memory)
+    rng = np.random.default_rng(0)
     for case in query.cases:  # counterexamples first: a sample is cheap, a proof is not
-        found = search.sample(case, np.random.default_rng(0))
+        found = search.sample(case, rng, deadline)
+        if found is None and not splits_inputs(network):
+            found = search.restarts(case, rng, deadline, rounds=ATTACK_ROUNDS)
         if found is not None:
             return Verdict("sat", time.monotonic() - started, *found, stats)
-    searches = [_BranchAndBound(network, case, search, stats, progress) for case in query.cases]
+    searches: list[_BranchAndBound | ReluSplit]
+    if splits_inputs(network):
+        searches = [
+            _BranchAndBound(network, case, search, stats, progress, memory) for case in query.cases
+        ]
+    else:
+        searches = [
+            ReluSplit(network, case, _rows(case), search, stats, memory, progress, PROGRESS_SECONDS)
+            for case in query.cases
+        ]
     for bab in searches:
         found = bab.run(deadline)
         if found is not None:
             return Verdict("sat", time.monotonic() - started, *found, stats)
     seconds = time.monotonic() - started
     if not all(bab.done for bab in searches):
-        return Verdict("timeout", seconds, stats=stats)
-    undecided = any(bab.undecided for bab in searches)
-    return Verdict("unknown" if undecided else "unsat", seconds, stats=stats)
+        left = sum(bab.waiting for bab in searches)
+        return Verdict("timeout", seconds, stats=stats, reason=f"{left} branches still open")
+    undecided = [bab.undecided for bab in searches if bab.undecided]
+    if undecided:
+        return Verdict("unknown", seconds, stats=stats, reason=undecided[0])
+    return Verdict("unsat", seconds, stats=stats)
+
+
+def _rows(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The unsafe polytopes' rows with the averages of their subsets (``_averages``), their
+    bounds, and which polytope each belongs to (P, R)."""
+    rows = [_averages(c, d) for c, d in case.unsafe]
+    owner = np.repeat(np.arange(len(rows)), [len(d) for _, d in rows])
+    return (
+        np.vstack([c for c, _ in rows]),
+        np.concatenate([d for _, d in rows]),
+        owner[None, :] == np.arange(len(case.unsafe))[:, None],
+    )
 
 
 class _Search:
     """Counterexample search: points in a box moved towards the unsafe region, each
     candidate confirmed by the reference evaluator."""
 
-    def __init__(self, network: Network, confirm: Confirm, stats: dict[str, int]) -> None:
+    def __init__(
+        self, network: Network, confirm: Confirm, stats: dict[str, int], memory: int
+    ) -> None:
         self.network, self.confirm, self.stats = network, confirm, stats
+        # a point's input, activations and gradient, a few copies of each at once
+        point = 8 * 4 * (network.input_dim + sum(network.hidden_sizes) + network.output_dim)
+        self.samples = int(min(SEARCH_SAMPLES, max(memory // point, SEARCH_STARTS)))
 
-    def sample(self, case: Case, rng: np.random.Generator) -> tuple | None:
+    def sample(self, case: Case, rng: np.random.Generator, deadline: float) -> tuple | None:
         """Random points of the case's box, then gradient steps from the closest ones: a
         confirmed counterexample, if any."""
         lo, hi = case.lower, case.upper
-        n = SEARCH_SAMPLES
+        n = self.samples
         x = lo + (hi - lo) * rng.random((n, lo.size))
         # half of them on faces of the box: worst cases often sit on a bound of some input
         face = (rng.random(x.shape) < FACE_SHARE) & (np.arange(n) % 2 == 1)[:, None]
@@ -132,9 +184,29 @@ class _Search:
         best = x[order[:SEARCH_STARTS]]
         n = len(best)
         found, _ = self.descend(
-            case, best, np.tile(lo, (n, 1)), np.tile(hi, (n, 1)), SEARCH_STEPS, step=0.25
+            case, best, np.tile(lo, (n, 1)), np.tile(hi, (n, 1)), SEARCH_STEPS, 0.25, deadline
         )
         return found
+
+    def restarts(
+        self, case: Case, rng: np.random.Generator, deadline: float, rounds: int = 1
+    ) -> tuple | None:
+        """Projected gradient descent from ``rounds`` times ``SEARCH_STARTS`` random points
+        of the box (some of their inputs on its faces): a confirmed counterexample, if
+        any."""
+        lo, hi = case.lower, case.upper
+        n = SEARCH_STARTS
+        los, his = np.tile(lo, (n, 1)), np.tile(hi, (n, 1))
+        for _ in range(rounds):
+            if time.monotonic() >= deadline:
+                return None
+            x = lo + (hi - lo) * rng.random((n, lo.size))
+            face = rng.random(x.shape) < FACE_SHARE
+            x = np.where(face, np.where(rng.random(x.shape) < 0.5, lo, hi), x)
+            found, _ = self.descend(case, x, los, his, ATTACK_STEPS, 0.25, deadline)
+            if found is not None:
+                return found
+        return None
 
     def descend(
         self,
@@ -144,13 +216,16 @@ class _Search:
         hi: np.ndarray,
         steps: int,
         step: float = 0.25,
+        deadline: float = np.inf,
     ) -> tuple[tuple | None, np.ndarray]:
         """Projected sign-gradient descent of the distance to the unsafe region from each
         point within its box (lo, hi per point): the first confirmed point, if any, and the
-        smallest distance reached from each."""
+        smallest distance reached from each (steps stop at ``deadline``)."""
         size = (hi - lo) * step
         closest = np.full(len(x), np.inf)
         for _ in range(steps + 1):
+            if time.monotonic() >= deadline:
+                break
             score, grad = self._objective(case, x)
             closest = np.minimum(closest, score)
             hit = np.flatnonzero(score <= 0)
@@ -217,20 +292,21 @@ class _BranchAndBound:
         search: _Search,
         stats: dict[str, int],
         progress: Callable[[dict[str, int]], None] | None,
+        memory: int,
     ) -> None:
         self.network, self.case, self.search = network, case, search
         self.stats, self.progress = stats, progress
-        rows = [_averages(c, d) for c, d in case.unsafe]
-        self.C = np.vstack([c for c, _ in rows])
-        self.d = np.concatenate([d for _, d in rows])
-        owner = np.repeat(np.arange(len(rows)), [len(d) for _, d in rows])
-        self.member = owner[None, :] == np.arange(len(case.unsafe))[:, None]  # (P, R)
+        self.C, self.d, self.member = _rows(case)
+        # strong branching bounds both halves of every input of each box at once
+        per_box = 2 * network.input_dim * bytes_per_branch(network, len(self.d))
+        self.batch = int(min(BATCH, max(memory // per_box, 1)))
         self.width = np.maximum(case.upper - case.lower, 1e-300)
         self.fixed = case.upper <= case.lower  # inputs with one value: never bisected
         self.stack_lo, self.stack_hi = [case.lower[None]], [case.upper[None]]
         self.stack_open = [np.ones((1, len(case.unsafe)), dtype=bool)]
-        self.undecided = any(not len(d) for _, d in case.unsafe)  # the whole output space
-        if self.undecided:  # (sampled, never proven empty)
+        self.undecided = ""
+        if any(not len(d) for _, d in case.unsafe):
+            self.undecided = WHOLE_OUTPUT_SPACE
             self.stack_lo, self.stack_hi, self.stack_open = [], [], []
         self.last_report = time.monotonic()
         self.splits = 0
@@ -239,10 +315,14 @@ class _BranchAndBound:
     def done(self) -> bool:
         return not self.stack_lo
 
+    @property
+    def waiting(self) -> int:
+        return sum(map(len, self.stack_lo))
+
     def run(self, deadline: float) -> tuple | None:
         """Work until every box is closed or ``deadline``; a counterexample if one is found."""
         while self.stack_lo and time.monotonic() < deadline:
-            lo, hi, open_ = _pop(self.stack_lo, self.stack_hi, self.stack_open, BATCH)
+            lo, hi, open_ = _pop(self.stack_lo, self.stack_hi, self.stack_open, self.batch)
             self.stats["boxes"] += len(lo)
             bound = output_bounds(self.network, lo, hi, -self.C, -self.d)
             shut = bound.upper < -self.d  # row r: c_r y > d_r on the whole box
@@ -268,14 +348,18 @@ class _BranchAndBound:
                 outcome = self._milp(lo[i], hi[i], open_[i], deadline)
                 if isinstance(outcome, tuple):
                     return outcome
-                self.undecided |= outcome == "unknown"
+                if outcome == "unknown":
+                    self.undecided = (
+                        "the MILP solver did not decide a box, or its point is not a "
+                        "counterexample for the reference evaluator"
+                    )
             split = ~exact
             lo, hi, open_, grad = lo[split], hi[split], open_[split], grad[split]
             if len(lo):
                 self._split(lo, hi, open_, grad)
             if self.progress and time.monotonic() - self.last_report > PROGRESS_SECONDS:
                 self.last_report = time.monotonic()
-                self.progress({**self.stats, "open": sum(map(len, self.stack_lo))})
+                self.progress({**self.stats, "open": self.waiting})
         return None
 
     def _split(self, lo: np.ndarray, hi: np.ndarray, open_: np.ndarray, grad: np.ndarray) -> None:

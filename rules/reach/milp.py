@@ -14,14 +14,23 @@ from vigil.rules.relu_milp import BOUND_SLACK, Layer, ReluModel, Solver, Verific
 
 
 def box_counterexample(
-    network: Network, lo: np.ndarray, hi: np.ndarray, c: np.ndarray, d: np.ndarray, seconds: float
+    network: Network,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    c: np.ndarray,
+    d: np.ndarray,
+    seconds: float,
+    bounds: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[str, np.ndarray | None]:
     """("found", x), ("infeasible", None), or ("unknown", None) when HiGHS stops without a
-    verdict within ``seconds``."""
+    verdict within ``seconds``. ``bounds``: the box's pre-activation bounds (each (1,
+    width)) when known, as a branch's sign assumptions tighten them; every ReLU is exact in
+    the model, so a point found is one of the network's."""
     model = ReluModel(Solver(time_limit=seconds))
     model.h.setOptionValue("presolve", "off")  # a third faster on these small models
     model.start_box(Layer(lo, hi))
-    bounds = pre_activation_bounds(network, lo[None], hi[None])
+    if bounds is None:
+        bounds = pre_activation_bounds(network, lo[None], hi[None])
     for w, b, (low, high) in zip(network.weights[:-1], network.biases[:-1], bounds, strict=True):
         slack = BOUND_SLACK * (1.0 + np.maximum(np.abs(low[0]), np.abs(high[0])))
         model.add_relu(w, b, Layer(low[0] - slack, high[0] + slack))

@@ -1,0 +1,273 @@
+"""Branch and bound over ReLUs: the complete search for networks with more inputs than
+bisection can cover (MNIST's 784).
+
+A branch is the case's whole input box under assumptions on the signs of some neurons'
+pre-activations. Its bounds are back-substituted (``backward.split_bounds``) with each
+assumed neuron's bounds cut at 0, so every layer after it is bounded tighter. A branch
+closes when one row of each unsafe polytope is shown unreachable, or when its assumptions
+contradict its bounds. An open one is searched from the input its weakest bound points to,
+then decided by the MILP once its bounds leave few neurons unstable, and otherwise split in
+two on the unstable neuron whose relaxation loosens its open bounds most (the intercept
+score of BaBSR). A split neuron is stable in both children, so the tree is finite.
+
+Memory: branches are bounded in batches sized to the memory budget, and an open branch is
+one sign per hidden neuron, so nothing grows with branches times inputs times neurons.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from vigil.rules.reach.backward import SplitBounds, split_bounds
+from vigil.rules.reach.milp import box_counterexample
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.query import Case
+
+BATCH_SECONDS = 0.5
+"""A batch is grown while bounding it takes less than half this and shrunk when it takes
+more, so the search looks at its deadline at least this often."""
+MILP_UNSTABLE = 250
+"""A branch whose bounds leave at most this many neurons unstable goes to the MILP (HiGHS
+decides most of mnistfc 256x2's 100-150 at the root in 5-15 s a polytope)."""
+MILP_SECONDS, MILP_SHARE = 5.0, 0.25
+"""The MILP's time on one polytope of a branch: this share of the time left, at least
+these seconds; a branch the MILP does not decide in its time is split."""
+ATTACK_EVERY = 20
+"""Batches between two rounds of fresh random restarts of the counterexample search."""
+STEPS = 6
+WHOLE_OUTPUT_SPACE = "an unsafe region is the whole output space, and no sample confirmed"
+
+
+class Searcher(Protocol):
+    """The counterexample search the complete search shares (``complete._Search``)."""
+
+    def descend(
+        self, case: Case, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, steps: int, step: float
+    ) -> tuple[tuple | None, np.ndarray]: ...
+
+    def restarts(self, case: Case, rng: np.random.Generator, deadline: float) -> tuple | None: ...
+
+    def confirmed(self, case: Case, x: np.ndarray) -> tuple | None: ...
+
+
+def bytes_per_branch(network: Network, rows: int) -> int:
+    """Peak working memory of bounding one branch: back-substituting the unstable neurons of
+    a layer (at most two rows each) through the widest layer and the input, a few arrays at
+    once; and the output rows' coefficients and intercepts."""
+    widths = network.hidden_sizes
+    widest = max([network.input_dim, *widths])
+    inner = 2 * max(widths, default=0) * widest
+    outer = rows * (widest + sum(widths))
+    return 8 * (4 * inner + 2 * outer + 4 * sum(widths))
+
+
+class ReluSplit:
+    """The open branches of one case, bounded, searched and split in batches; ``run``
+    goes on where the last one stopped."""
+
+    def __init__(
+        self,
+        network: Network,
+        case: Case,
+        rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+        search: Searcher,
+        stats: dict[str, int],
+        memory: int,
+        progress: Callable[[dict[str, int]], None] | None = None,
+        progress_seconds: float = 5.0,
+    ) -> None:
+        """``rows``: the unsafe polytopes' rows C (R, m), bounds d (R,) and which polytope
+        each row belongs to (P, R); ``memory``: bytes the search may use at once."""
+        self.network, self.case, self.search, self.stats = network, case, search, stats
+        self.C, self.d, self.member = rows
+        widths = network.hidden_sizes
+        self.cuts = np.cumsum([0, *widths])
+        neurons = int(self.cuts[-1])
+        self.limit = memory // bytes_per_branch(network, len(self.d))
+        if self.limit < 1:
+            raise MemoryError(
+                f"bounding one branch takes {bytes_per_branch(network, len(self.d)) >> 20} MiB, "
+                f"more than the {memory >> 20} MiB left to the search"
+            )
+        self.open_limit = max(memory // 4 // (neurons + len(case.unsafe)), 1)
+        self.batch = 1
+        self.signs = [np.zeros((1, neurons), dtype=np.int8)]
+        self.open = [np.ones((1, len(case.unsafe)), dtype=bool)]
+        self.undecided = ""
+        if any(not len(d) for _, d in case.unsafe):
+            self.undecided = WHOLE_OUTPUT_SPACE
+            self.signs, self.open = [], []
+        self.progress, self.progress_seconds = progress, progress_seconds
+        self.last_report = time.monotonic()
+        self.rng = np.random.default_rng(1)
+        self.batches = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.signs
+
+    @property
+    def waiting(self) -> int:
+        return sum(map(len, self.signs))
+
+    def run(self, deadline: float) -> tuple | None:
+        """Work until every branch is closed or ``deadline``; a counterexample if found."""
+        while self.signs and time.monotonic() < deadline:
+            signs, open_ = _pop(self.signs, self.open, self.batch)
+            started = time.monotonic()
+            found = self._step(signs, open_, deadline)
+            if found is not None:
+                return found
+            took = time.monotonic() - started
+            if took < BATCH_SECONDS / 2:
+                self.batch = min(2 * self.batch, self.limit)
+            elif took > BATCH_SECONDS:
+                self.batch = max(self.batch // 2, 1)
+            if self.waiting > self.open_limit:
+                self.undecided = (
+                    f"{self.waiting} open branches outgrew the memory limit (at most "
+                    f"{self.open_limit} fit)"
+                )
+                self.signs, self.open = [], []
+                return None
+            self.batches += 1
+            if self.batches % ATTACK_EVERY == 0:
+                found = self.search.restarts(self.case, self.rng, deadline)
+                if found is not None:
+                    return found
+            if self.progress and time.monotonic() - self.last_report > self.progress_seconds:
+                self.last_report = time.monotonic()
+                self.progress({**self.stats, "open": self.waiting})
+        return None
+
+    def _step(self, signs: np.ndarray, open_: np.ndarray, deadline: float) -> tuple | None:
+        """Bound a batch of branches, search the open ones, decide or split them."""
+        n = len(signs)
+        self.stats["branches"] += n
+        case = self.case
+        lo = np.broadcast_to(case.lower, (n, case.lower.size))
+        hi = np.broadcast_to(case.upper, (n, case.upper.size))
+        layers = [signs[:, a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)]
+        bound = split_bounds(self.network, lo, hi, layers, -self.C)
+        shut = bound.upper < -self.d  # row r: c_r y > d_r everywhere in the branch
+        open_ = open_ & ~(shut[:, None, :] & self.member[None]).any(axis=2)
+        open_ &= ~bound.empty[:, None]
+        live = np.flatnonzero(open_.any(axis=1))
+        if not live.size:
+            return None
+        # the rows still open, and of them each branch's weakest: search where it points
+        rows_open = (open_[live][:, :, None] & self.member[None]).any(axis=1) & ~shut[live]
+        slack = np.where(rows_open, bound.upper[live] + self.d, -np.inf)
+        weakest = slack.argmax(axis=1)
+        coefficients = bound.coefficients[live, weakest]
+        centre, radius = (case.lower + case.upper) / 2, (case.upper - case.lower) / 2
+        x = centre + radius * np.sign(coefficients)
+        found, _ = self.search.descend(case, x, lo[live], hi[live], STEPS, 0.1)
+        if found is not None:
+            return found
+        unstable = np.zeros(len(live), dtype=int)
+        for low, high in bound.pre:
+            unstable += ((low[live] < 0) & (high[live] > 0)).sum(axis=1)
+        exact = unstable <= MILP_UNSTABLE
+        split = ~exact
+        for i in np.flatnonzero(exact):
+            b = live[i]
+            # the polytopes whose bounds are weakest first: the likeliest to hold a point
+            weakest_first = np.argsort(-(self.member * slack[i]).max(axis=1), kind="stable")
+            outcome = self._milp(b, bound.pre, open_[b], weakest_first, deadline)
+            if isinstance(outcome, tuple):
+                return outcome
+            if outcome == "timeout":
+                self.signs.append(signs[b : b + 1])
+                self.open.append(open_[b : b + 1])
+            elif outcome == "unknown" and unstable[i]:
+                split[i] = True  # the solver stopped at its limit: smaller branches
+            elif outcome == "unknown":
+                self.undecided = (
+                    "the MILP's point of a branch with every neuron stable is not a "
+                    "counterexample for the reference evaluator"
+                )
+        if split.any():
+            index = live[split]
+            self._split(signs[index], open_[index], bound, index, rows_open[split])
+        return None
+
+    def _split(
+        self,
+        signs: np.ndarray,
+        open_: np.ndarray,
+        bound: SplitBounds,
+        index: np.ndarray,
+        rows_open: np.ndarray,
+    ) -> None:
+        """Split each branch on the unstable neuron with the largest intercept on its open
+        rows (ties: the widest bounds), assumed active in one child and inactive in the
+        other."""
+        scores, widths = [], []
+        for (low, high), added in zip(bound.pre, bound.intercepts, strict=True):
+            low, high = low[index], high[index]
+            unstable = (low < 0) & (high > 0)
+            score = (added[index] * rows_open[:, :, None]).sum(axis=1)
+            scores.append(np.where(unstable, score, -np.inf))
+            widths.append(np.where(unstable, high - low, 0.0))
+        score = np.hstack(scores)
+        width = np.hstack(widths)
+        neuron = np.argmax(score + 1e-9 * width / (1.0 + width.max(axis=1, keepdims=True)), axis=1)
+        rows = np.arange(len(signs))
+        active, inactive = signs.copy(), signs.copy()
+        active[rows, neuron] = 1
+        inactive[rows, neuron] = -1
+        self.stats["splits"] += len(signs)
+        self.signs.append(np.stack([inactive, active], axis=1).reshape(-1, signs.shape[1]))
+        self.open.append(np.repeat(open_, 2, axis=0))
+
+    def _milp(
+        self,
+        branch: int,
+        pre: list[tuple[np.ndarray, np.ndarray]],
+        open_: np.ndarray,
+        order: np.ndarray,
+        deadline: float,
+    ) -> str | tuple:
+        """Decide the open polytopes of a branch exactly on its bounds, in ``order``: a
+        confirmed counterexample, "unsat", "unknown" (the solver stopped at its limit, or
+        its point is not confirmed; ``open_`` then keeps only the polytopes not shown
+        empty) or "timeout" (the deadline came first)."""
+        bounds = [(low[branch : branch + 1], high[branch : branch + 1]) for low, high in pre]
+        for p in order[open_[order]]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            seconds = min(left, max(MILP_SECONDS, MILP_SHARE * left))
+            self.stats["milp"] += 1
+            c, d = self.case.unsafe[p]
+            outcome, x = box_counterexample(
+                self.network, self.case.lower, self.case.upper, c, d, seconds, bounds
+            )
+            if outcome == "found":
+                found = self.search.confirmed(self.case, x[None])
+                return found if found is not None else "unknown"
+            if outcome != "infeasible":
+                return "timeout" if time.monotonic() >= deadline else "unknown"
+            open_[p] = False
+        return "unsat"
+
+
+def _pop(signs: list[np.ndarray], open_: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``n`` branches from the top of the stack (depth first keeps it small)."""
+    taken_signs, taken_open, taken = [], [], 0
+    while signs and taken < n:
+        a, b = signs.pop(), open_.pop()
+        room = n - taken
+        if len(a) > room:
+            signs.append(a[:-room])
+            open_.append(b[:-room])
+            a, b = a[-room:], b[-room:]
+        taken_signs.append(a)
+        taken_open.append(b)
+        taken += len(a)
+    return np.vstack(taken_signs), np.vstack(taken_open)

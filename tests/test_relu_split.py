@@ -1,0 +1,177 @@
+"""The complete search on networks with many inputs (branch and bound over ReLUs): verdicts
+against the independent MILP oracle, the bounds of sign-assuming branches against sampled
+points, and `vigil verify vnnlib`'s time and memory limits on an image-sized network."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.milp_oracle import max_violation
+from vigil.rules.reach import relu_split
+from vigil.rules.reach.backward import split_bounds
+from vigil.rules.reach.complete import splits_inputs, verify
+from vigil.rules.reach.network import Network, OnnxRunner
+from vigil.rules.reach.query import Case, Query
+from vigil.rules.reach.sets import InputSet, OutputSpec
+
+
+def random_network(rng: np.random.Generator, sizes: list[int], gain: float = 1.2) -> Network:
+    return Network.from_arrays(
+        [
+            (rng.normal(size=(o, i)) * gain / np.sqrt(i), rng.normal(size=o) * 0.3)
+            for i, o in itertools.pairwise(sizes)
+        ]
+    )
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    side=st.sampled_from([-1, 1]),
+    milp_unstable=st.sampled_from([relu_split.MILP_UNSTABLE, 6]),
+)
+def test_verdicts_on_120_inputs_and_240_relus_match_the_milp_oracle(seed, side, milp_unstable):
+    """The least ``y_0 - y_1`` over a box the oracle finds, and a bound 5% of its distance
+    from the centre's value on either side of it: ``sat`` with a counterexample onnxruntime
+    confirms below it, ``unsat`` above. With the MILP kept to branches of at most 6 unstable
+    neurons, the splits decide."""
+    rng = np.random.default_rng(seed)
+    net = random_network(rng, [120, 120, 120, 4])
+    assert not splits_inputs(net)
+    centre = rng.uniform(0, 1, 120)
+    lo, hi = centre - 0.01, centre + 0.01
+    c = np.array([1.0, -1.0, 0.0, 0.0])
+    least = -max_violation(net, InputSet(lo, hi), OutputSpec(-c[None], [0.0]))[0]
+    at_centre = float(net.logits(centre[None])[0] @ c)
+    d = least + side * 0.05 * abs(at_centre - least)
+    query = Query(120, 4, (Case(lo, hi, ((c[None], np.array([d])),)),))
+    runner = OnnxRunner(net.to_onnx())
+    saved = relu_split.MILP_UNSTABLE
+    relu_split.MILP_UNSTABLE = milp_unstable
+    try:
+        verdict = verify(net, query, runner, timeout=120)
+    finally:
+        relu_split.MILP_UNSTABLE = saved
+    assert verdict.result == ("sat" if side > 0 else "unsat"), verdict
+    if side > 0:
+        assert verdict.x is not None
+        assert query.counterexample(verdict.x, runner(verdict.x[None])[0], 1e-4)
+    elif milp_unstable < 24:
+        assert verdict.stats["splits"] > 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 3))
+def test_a_branchs_bounds_hold_at_every_sampled_point_that_meets_its_assumptions(seed, depth):
+    """Random sign assumptions on random neurons: the points of the box whose
+    pre-activations have the assumed signs stay under the branch's output bounds and inside
+    its pre-activation bounds, and a branch found empty holds none of them."""
+    rng = np.random.default_rng(seed)
+    net = random_network(rng, [5, *rng.integers(4, 9, size=depth), 3], gain=1.5)
+    lo = rng.uniform(-1, 0, 5)
+    hi = lo + rng.uniform(0.1, 1, 5)
+    branches = 6
+    signs = [
+        rng.choice([-1, 0, 0, 1], size=(branches, w)).astype(np.int8) for w in net.hidden_sizes
+    ]
+    C = rng.normal(size=(2, 3))
+    bound = split_bounds(net, np.tile(lo, (branches, 1)), np.tile(hi, (branches, 1)), signs, C)
+    x = lo + (hi - lo) * rng.random((20_000, 5))
+    pre = net.pre_activations(x)
+    y = net.logits(x)
+    for b in range(branches):
+        meets = np.ones(len(x), dtype=bool)
+        for z, s in zip(pre, signs, strict=True):
+            meets &= np.all((s[b] == 0) | ((s[b] > 0) & (z >= 0)) | ((s[b] < 0) & (z <= 0)), axis=1)
+        if bound.empty[b]:
+            assert not meets.any()
+            continue
+        inside = x[meets]
+        assert np.all(y[meets] @ C.T <= bound.upper[b] + 1e-9)
+        for z, (low, high) in zip(pre, bound.pre, strict=True):
+            assert np.all(z[meets] >= low[b] - 1e-9) and np.all(z[meets] <= high[b] + 1e-9)
+        assert len(inside) == meets.sum()
+
+
+def _image_sized_query(tmp_path) -> tuple:
+    """A random 784-input network of six hidden layers of 256 ReLUs, and a property just
+    beyond what gradient ascent reaches over a wide box: the bounds are far too loose to
+    decide it in seconds."""
+    rng = np.random.default_rng(7)
+    net = random_network(rng, [784, *[256] * 6, 10], gain=1.4)
+    centre = rng.uniform(0.1, 0.9, 784)
+    lo, hi = np.clip(centre - 0.05, 0, 1), np.clip(centre + 0.05, 0, 1)
+    model = tmp_path / "net.onnx"
+    model.write_bytes(net.to_onnx())
+    text = "".join(f"(declare-const X_{i} Real)\n" for i in range(784))
+    text += "".join(f"(declare-const Y_{j} Real)\n" for j in range(10))
+    for i in range(784):
+        text += f"(assert (>= X_{i} {float(lo[i])!r}))\n(assert (<= X_{i} {float(hi[i])!r}))\n"
+    # unsafe: Y_1 a little above the most sign-gradient ascent from 32 points reaches
+    x = lo + (hi - lo) * rng.random((32, 784))
+    for step in np.geomspace(0.2, 0.002, 60):
+        pre = net.pre_activations(x)
+        grad = np.tile(net.weights[-1][1], (len(x), 1))
+        for w, z in zip(reversed(net.weights[:-1]), reversed(pre), strict=True):
+            grad = (grad * (z > 0)) @ w
+        x = np.clip(x + step * (hi - lo) * np.sign(grad), lo, hi)
+    reached = net.logits(x)[:, 1].max()
+    at_centre = net.logits(centre[None])[0, 1]
+    text += f"(assert (>= Y_1 {reached + 0.1 * (reached - at_centre):.6f}))\n"
+    spec = tmp_path / "prop.vnnlib"
+    spec.write_text(text)
+    return model, spec
+
+
+def test_a_query_that_cannot_finish_answers_timeout_within_the_limits(tmp_path):
+    """`--timeout 3 --memory-limit 256MB` on an image-sized network: `timeout` within 4 s
+    of the process's start, its peak resident memory under 256 MB, the reason on stderr and
+    no traceback."""
+    model, spec = _image_sized_query(tmp_path)
+    command = [
+        sys.executable, "-m", "vigil.daemon.cli", "verify", "vnnlib", str(model), str(spec),
+        "--timeout", "3", "--memory-limit", "256MB",
+    ]  # fmt: skip
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    took = time.monotonic() - started
+    out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert os.waitstatus_to_exitcode(status) == 0, err
+    assert orjson.loads(out.splitlines()[-1])["result"] == "timeout", out[:300]
+    assert took < 4.0, f"took {took:.2f} s"
+    peak = usage.ru_maxrss * 1024
+    assert peak < 256_000_000, f"peak resident memory {peak / 1e6:.0f} MB"
+    assert "vigil verify vnnlib: timeout after" in err and "branches still open" in err
+    assert "Traceback" not in err
+
+
+def test_a_memory_limit_below_what_loading_takes_is_named(tmp_path, capsys):
+    from vigil.daemon.cli import main
+
+    model, spec = _image_sized_query(tmp_path)
+    code = main(["verify", "vnnlib", str(model), str(spec), "--memory-limit", "50MB"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--memory-limit 47 MiB leaves the search less than 32 MiB" in err
+
+
+@pytest.mark.parametrize("size", ["lots", "-1GB", "0"])
+def test_a_bad_memory_limit_is_refused_by_name(tmp_path, size, capsys):
+    from vigil.daemon.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["verify", "vnnlib", "m.onnx", "p.vnnlib", "--memory-limit", size])
+    assert "--memory-limit" in capsys.readouterr().err
