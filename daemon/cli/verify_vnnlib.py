@@ -91,9 +91,15 @@ def solve(
 
 
 def peak_rss() -> int:
-    """The most resident memory this process has held so far, in bytes."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak << 10
+    """The most resident memory this program has held so far, in bytes: Linux's VmHWM
+    (``ru_maxrss`` would count the parent's memory a spawned process had before its exec)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak << 10
+    kilobytes = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
+    return int(kilobytes) << 10
 
 
 def _progress(stats: dict[str, int]) -> None:
@@ -118,6 +124,7 @@ def result_file(verdict: Verdict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from vigil.daemon.cli import STARTED as started
+
     if not args.model.is_file():
         raise ValueError(f"{args.model}: no such file")
     verdict = solve(

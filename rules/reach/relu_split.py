@@ -33,6 +33,9 @@ more, so the search looks at its deadline at least this often."""
 MILP_UNSTABLE = 250
 """A branch whose bounds leave at most this many neurons unstable goes to the MILP (HiGHS
 decides most of mnistfc 256x2's 100-150 at the root in 5-15 s a polytope)."""
+MILP_SHRINK = 0.8
+"""After the MILP stopped at its time limit on a branch of n unstable neurons, its
+descendants go to the MILP with at most this share of n."""
 MILP_SECONDS, MILP_SHARE = 5.0, 0.25
 """The MILP's time on one polytope of a branch: this share of the time left, at least
 these seconds; a branch the MILP does not decide in its time is split."""
@@ -95,12 +98,19 @@ class ReluSplit:
             )
         self.open_limit = max(memory // 4 // (neurons + len(case.unsafe)), 1)
         self.batch = 1
-        self.signs = [np.zeros((1, neurons), dtype=np.int8)]
-        self.open = [np.ones((1, len(case.unsafe)), dtype=bool)]
+        # the open branches, depth first: (signs (n, neurons), open polytopes (n, P), the
+        # most unstable neurons a branch goes to the MILP with (n,))
+        self.stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
+            (
+                np.zeros((1, neurons), dtype=np.int8),
+                np.ones((1, len(case.unsafe)), dtype=bool),
+                np.full(1, MILP_UNSTABLE),
+            )
+        ]
         self.undecided = ""
         if any(not len(d) for _, d in case.unsafe):
             self.undecided = WHOLE_OUTPUT_SPACE
-            self.signs, self.open = [], []
+            self.stack = []
         self.progress, self.progress_seconds = progress, progress_seconds
         self.last_report = time.monotonic()
         self.rng = np.random.default_rng(1)
@@ -108,18 +118,17 @@ class ReluSplit:
 
     @property
     def done(self) -> bool:
-        return not self.signs
+        return not self.stack
 
     @property
     def waiting(self) -> int:
-        return sum(map(len, self.signs))
+        return sum(len(signs) for signs, _, _ in self.stack)
 
     def run(self, deadline: float) -> tuple | None:
         """Work until every branch is closed or ``deadline``; a counterexample if found."""
-        while self.signs and time.monotonic() < deadline:
-            signs, open_ = _pop(self.signs, self.open, self.batch)
+        while self.stack and time.monotonic() < deadline:
             started = time.monotonic()
-            found = self._step(signs, open_, deadline)
+            found = self._step(*_pop(self.stack, self.batch), deadline)
             if found is not None:
                 return found
             took = time.monotonic() - started
@@ -132,7 +141,7 @@ class ReluSplit:
                     f"{self.waiting} open branches outgrew the memory limit (at most "
                     f"{self.open_limit} fit)"
                 )
-                self.signs, self.open = [], []
+                self.stack = []
                 return None
             self.batches += 1
             if self.batches % ATTACK_EVERY == 0:
@@ -144,7 +153,9 @@ class ReluSplit:
                 self.progress({**self.stats, "open": self.waiting})
         return None
 
-    def _step(self, signs: np.ndarray, open_: np.ndarray, deadline: float) -> tuple | None:
+    def _step(
+        self, signs: np.ndarray, open_: np.ndarray, limit: np.ndarray, deadline: float
+    ) -> tuple | None:
         """Bound a batch of branches, search the open ones, decide or split them."""
         n = len(signs)
         self.stats["branches"] += n
@@ -172,7 +183,7 @@ class ReluSplit:
         unstable = np.zeros(len(live), dtype=int)
         for low, high in bound.pre:
             unstable += ((low[live] < 0) & (high[live] > 0)).sum(axis=1)
-        exact = unstable <= MILP_UNSTABLE
+        exact = unstable <= limit[live]
         split = ~exact
         for i in np.flatnonzero(exact):
             b = live[i]
@@ -182,10 +193,12 @@ class ReluSplit:
             if isinstance(outcome, tuple):
                 return outcome
             if outcome == "timeout":
-                self.signs.append(signs[b : b + 1])
-                self.open.append(open_[b : b + 1])
+                self.stack.append((signs[b : b + 1], open_[b : b + 1], limit[b : b + 1]))
             elif outcome == "unknown" and unstable[i]:
-                split[i] = True  # the solver stopped at its limit: smaller branches
+                # the solver stopped at its time limit: smaller branches, and the MILP
+                # only once they are markedly smaller
+                split[i] = True
+                limit[b] = int(MILP_SHRINK * unstable[i])
             elif outcome == "unknown":
                 self.undecided = (
                     "the MILP's point of a branch with every neuron stable is not a "
@@ -193,13 +206,14 @@ class ReluSplit:
                 )
         if split.any():
             index = live[split]
-            self._split(signs[index], open_[index], bound, index, rows_open[split])
+            self._split(signs[index], open_[index], limit[index], bound, index, rows_open[split])
         return None
 
     def _split(
         self,
         signs: np.ndarray,
         open_: np.ndarray,
+        limit: np.ndarray,
         bound: SplitBounds,
         index: np.ndarray,
         rows_open: np.ndarray,
@@ -222,8 +236,8 @@ class ReluSplit:
         active[rows, neuron] = 1
         inactive[rows, neuron] = -1
         self.stats["splits"] += len(signs)
-        self.signs.append(np.stack([inactive, active], axis=1).reshape(-1, signs.shape[1]))
-        self.open.append(np.repeat(open_, 2, axis=0))
+        children = np.stack([inactive, active], axis=1).reshape(-1, signs.shape[1])
+        self.stack.append((children, np.repeat(open_, 2, axis=0), np.repeat(limit, 2)))
 
     def _milp(
         self,
@@ -257,17 +271,19 @@ class ReluSplit:
         return "unsat"
 
 
-def _pop(signs: list[np.ndarray], open_: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+def _pop(
+    stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Up to ``n`` branches from the top of the stack (depth first keeps it small)."""
-    taken_signs, taken_open, taken = [], [], 0
-    while signs and taken < n:
-        a, b = signs.pop(), open_.pop()
-        room = n - taken
-        if len(a) > room:
-            signs.append(a[:-room])
-            open_.append(b[:-room])
-            a, b = a[-room:], b[-room:]
-        taken_signs.append(a)
-        taken_open.append(b)
-        taken += len(a)
-    return np.vstack(taken_signs), np.vstack(taken_open)
+    taken: list[tuple[np.ndarray, ...]] = []
+    count = 0
+    while stack and count < n:
+        part = stack.pop()
+        room = n - count
+        if len(part[0]) > room:
+            stack.append(tuple(a[:-room] for a in part))  # type: ignore[arg-type]
+            part = tuple(a[-room:] for a in part)  # type: ignore[assignment]
+        taken.append(part)
+        count += len(part[0])
+    signs, open_, limit = (np.concatenate(arrays) for arrays in zip(*taken, strict=True))
+    return signs, open_, limit

@@ -1,0 +1,114 @@
+"""What the VNN-COMP benchmarks (bench/acasxu.py, bench/mnistfc.py) share: one instance
+run as a fresh `vigil verify vnnlib` process (start-up included, as VNN-COMP times tools)
+with its wall time and peak resident memory, each `sat` result file checked on its own, and
+the summary table."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from vigil.rules.reach.network import OnnxRunner  # noqa: E402
+from vigil.rules.reach.vnnlib import read_query  # noqa: E402
+
+TOLERANCE = 1e-4
+
+
+def check_counterexample(model: Path, spec: Path, text: str) -> str | None:
+    """What is wrong with a sat result file, or None when it holds: X inside the property's
+    box, onnxruntime's outputs at X within 1e-4 of the reported Y and in the unsafe region
+    (within 1e-4, VNN-COMP's tolerance)."""
+    values = dict(re.findall(r"\(([XY]_\d+)\s+([^\s()]+)\)", text))
+    query = read_query(spec)
+    try:
+        x = np.array([float(values[f"X_{i}"]) for i in range(query.inputs)])
+        y = np.array([float(values[f"Y_{j}"]) for j in range(query.outputs)])
+    except KeyError as e:
+        return f"the result file lacks {e}"
+    reference = OnnxRunner(model)(x[None])[0]
+    if np.max(np.abs(reference - y)) > TOLERANCE:
+        return f"Y differs from onnxruntime's by {np.max(np.abs(reference - y)):.3g}"
+    if not query.counterexample(x, reference, TOLERANCE):
+        return "onnxruntime's output at X is not in the unsafe region of a box holding X"
+    return None
+
+
+MEASURED = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+_, status, usage = os.wait4(child.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss, file=sys.stderr)
+"""
+
+
+def run_instance(model: Path, spec: Path, timeout: float, out: Path, *extra: str) -> dict:
+    """``vigil verify vnnlib`` on one instance: result, solver seconds, wall seconds, peak
+    resident MiB, and what is wrong with its counterexample ("" when nothing)."""
+    command = [
+        sys.executable, "-m", "vigil.daemon.cli", "verify", "vnnlib", str(model), str(spec),
+        "--timeout", f"{timeout:g}", "--out", str(out), *extra,
+    ]  # fmt: skip
+    stdout, stderr = out.with_suffix(".stdout"), out.with_suffix(".stderr")
+    started = time.perf_counter()
+    with stdout.open("w") as so, stderr.open("w") as se:
+        # through a small process: Linux counts in a spawned process's peak memory what its
+        # parent held, and this one holds a network and onnxruntime
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", MEASURED, *command], stdout=so, stderr=se, start_new_session=True
+        )
+        try:
+            launcher.wait(timeout + 60)
+        except subprocess.TimeoutExpired:  # its own --timeout failed: end both
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    wall = time.perf_counter() - started
+    lines = stderr.read_text().strip().splitlines()
+    code, peak_kib = map(int, lines[-1].split()) if launcher.returncode == 0 else (1, 0)
+    record = {"wall": wall, "peak_mb": peak_kib / 1024, "problem": ""}
+    if code != 0:
+        record.update(result="error", seconds=wall, problem="\n".join(lines[:-1])[-300:])
+        return record
+    result = orjson.loads(stdout.read_text().strip().splitlines()[-1])
+    record.update(result=result["result"], seconds=result["seconds"])
+    if result["result"] == "sat":
+        record["problem"] = check_counterexample(model, spec, out.read_text()) or ""
+    return record
+
+
+def wrong(r: dict) -> bool:
+    decided = r["result"] in ("sat", "unsat")
+    known = r["expected"] in ("sat", "unsat")
+    return (decided and known and r["result"] != r["expected"]) or bool(r["problem"] and decided)
+
+
+def summary(name: str, rs: list[dict]) -> None:
+    solved = [r for r in rs if r["result"] in ("sat", "unsat")]
+    walls = [r["wall"] for r in rs]
+    solved_walls = [r["wall"] for r in solved] or [float("nan")]
+    print(
+        f"{name:>8} {len(rs):>5} {len(solved):>7} {sum(map(wrong, rs)):>6} "
+        f"{statistics.median(solved_walls):>15.2f} {statistics.median(walls):>9.2f} "
+        f"{max(walls):>8.2f} {max(r['peak_mb'] for r in rs):>12.0f}"
+    )
+
+
+def header(what: str) -> None:
+    print(
+        f"\n{what:>8} {'inst':>5} {'solved':>7} {'wrong':>6} {'median solved s':>15} "
+        f"{'median s':>9} {'max s':>8} {'peak RSS MiB':>12}"
+    )
+
+
+def threads() -> str:
+    return os.environ.get("OPENBLAS_NUM_THREADS", "unset")
