@@ -340,6 +340,35 @@ class ReluModel:
             upper.append(INF)
         self._rows(lower, upper, rows)
 
+    def add_output_disjunction(
+        self, w: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray
+    ) -> np.ndarray:
+        """The outputs y = W a + b of the current layer constrained to satisfy at least one
+        row of ``c y <= d``: a binary t_j per row that the LP relaxation leaves possible,
+        row j relaxed by its LP maximum where t_j = 0. Returns the rows kept (none: no
+        output of the model satisfies any row)."""
+        wa, off = self.affine(w, b)
+        coef, rhs = c @ wa, d - c @ off  # row j: coef_j . a <= rhs_j
+        slack = []
+        for j in range(len(d)):
+            least = self._minimise(self.current, -coef[j])  # -max coef_j . a
+            slack.append(np.inf if least is None else _widen(-least - rhs[j], down=False))
+        self._set_cost(self.current, np.zeros(len(self.current)))
+        kept = np.flatnonzero(np.asarray(slack) >= 0.0)
+        if not len(kept):
+            return kept
+        t_cols = self._cols(np.zeros(len(kept)), np.ones(len(kept)))
+        self.integers += t_cols.tolist()
+        rows = [(t_cols, np.ones(len(kept)))]
+        lower, upper = [1.0], [INF]
+        for j, t in zip(kept, t_cols, strict=True):
+            big = slack[j] if np.isfinite(slack[j]) else 1e6
+            rows.append((np.append(self.current, t), np.append(coef[j], big)))
+            lower.append(-INF)  # coef_j . a <= rhs_j + big (1 - t_j)
+            upper.append(rhs[j] + big)
+        self._rows(lower, upper, rows)
+        return kept
+
     def add_output_rows(self, w: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> None:
         """The outputs y = W a + b of the current layer constrained to C y <= d."""
         wa, off = self.affine(w, b)

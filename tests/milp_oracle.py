@@ -10,7 +10,7 @@ from vigil.rules.reach.network import Network
 from vigil.rules.reach.sets import InputSet, OutputSpec
 
 
-def _interval_bounds(network: Network, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:
+def interval_bounds(network: Network, lo: np.ndarray, hi: np.ndarray) -> list[tuple]:
     bounds = []
     for w, b in zip(network.weights, network.biases, strict=True):
         wp, wn = np.maximum(w, 0), np.minimum(w, 0)
@@ -22,7 +22,7 @@ def _interval_bounds(network: Network, lo: np.ndarray, hi: np.ndarray) -> list[t
 
 def max_violation(network: Network, inputs: InputSet, spec: OutputSpec) -> tuple[float, np.ndarray]:
     """max over x in the set of max_j (c_j f(x) - d_j), and a maximiser."""
-    bounds = _interval_bounds(network, inputs.lower, inputs.upper)
+    bounds = interval_bounds(network, inputs.lower, inputs.upper)
     best, arg = -np.inf, None
     for c, d in zip(spec.C, spec.d, strict=True):
         h = quiet_highs()

@@ -196,7 +196,13 @@ def check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at):
         assert ratios == largest_ratios(x, y, spec_kw["eps"], *common, out_metric, **view)
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+# bdd checks about a decision a millisecond, the others a hundred times faster: it gets
+# fewer examples so that its two tests take a minute, not two and a half
+QUICK = sorted(set(BACKENDS) - {"bdd"})
+SLOW_SHARE = 2
+
+
+@pytest.mark.parametrize("backend", QUICK)
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=small_streams(), data=st.data())
 def test_small_streams_match_oracle(backend, stream, data):
@@ -205,13 +211,29 @@ def test_small_streams_match_oracle(backend, stream, data):
     check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@settings(
+    max_examples=120 // SLOW_SHARE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(stream=small_streams(), data=st.data())
+def test_small_streams_match_oracle_on_bdd(stream, data):
+    test_small_streams_match_oracle.hypothesis.inner_test("bdd", stream, data)
+
+
+@pytest.mark.parametrize("backend", QUICK)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=seeded_streams(), data=st.data())
 def test_long_streams_match_oracle(backend, stream, data):
     spec_kw, x, y, (sizes, snapshot_at) = stream
     options = data.draw(BACKEND_OPTIONS[backend])
     check_against_oracle(spec_kw, backend, options, x, y, sizes, snapshot_at)
+
+
+@settings(
+    max_examples=25 // SLOW_SHARE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(stream=seeded_streams(), data=st.data())
+def test_long_streams_match_oracle_on_bdd(stream, data):
+    test_long_streams_match_oracle.hypothesis.inner_test("bdd", stream, data)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

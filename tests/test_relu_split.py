@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.milp_oracle import max_violation
+from tests.milp_oracle import interval_bounds, max_violation
 from vigil.rules.reach import relu_split
-from vigil.rules.reach.backward import split_bounds
+from vigil.rules.reach.backward import pre_activation_bounds, split_bounds
 from vigil.rules.reach.complete import splits_inputs, verify
 from vigil.rules.reach.network import Network, OnnxRunner
 from vigil.rules.reach.query import Case, Query
@@ -33,17 +33,21 @@ def random_network(rng: np.random.Generator, sizes: list[int], gain: float = 1.2
     )
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     side=st.sampled_from([-1, 1]),
-    milp_unstable=st.sampled_from([relu_split.MILP_UNSTABLE, 6]),
+    split_first=st.booleans(),
+    shape=st.sampled_from(["row", "two rows", "or a row never met"]),
 )
-def test_verdicts_on_120_inputs_and_240_relus_match_the_milp_oracle(seed, side, milp_unstable):
+def test_verdicts_on_120_inputs_and_240_relus_match_the_milp_oracle(seed, side, split_first, shape):
     """The least ``y_0 - y_1`` over a box the oracle finds, and a bound 5% of its distance
     from the centre's value on either side of it: ``sat`` with a counterexample onnxruntime
-    confirms below it, ``unsat`` above. With the MILP kept to branches of at most 6 unstable
-    neurons, the splits decide."""
+    confirms below it, ``unsat`` above. With ``split_first`` the MILP takes only branches
+    with 4 unstable neurons fewer than the box has, so splits come first. The unsafe
+    region is that row alone, with a second row every output meets, or in a disjunction
+    with a row no output meets (interval bounds say which), so each of the MILP's
+    encodings is taken."""
     rng = np.random.default_rng(seed)
     net = random_network(rng, [120, 120, 120, 4])
     assert not splits_inputs(net)
@@ -53,10 +57,20 @@ def test_verdicts_on_120_inputs_and_240_relus_match_the_milp_oracle(seed, side, 
     least = -max_violation(net, InputSet(lo, hi), OutputSpec(-c[None], [0.0]))[0]
     at_centre = float(net.logits(centre[None])[0] @ c)
     d = least + side * 0.05 * abs(at_centre - least)
-    query = Query(120, 4, (Case(lo, hi, ((c[None], np.array([d])),)),))
+    other = np.array([0.0, 0.0, 1.0, -1.0])
+    y_low, y_high = interval_bounds(net, lo, hi)[-1]
+    reach = (np.where(other > 0, y_low, y_high) @ other, np.where(other > 0, y_high, y_low) @ other)
+    unsafe = {
+        "row": ((c[None], np.array([d])),),
+        "two rows": ((np.vstack([c, other]), np.array([d, reach[1] + 1.0])),),
+        "or a row never met": ((c[None], np.array([d])), (other[None], np.array([reach[0] - 1]))),
+    }[shape]
+    query = Query(120, 4, (Case(lo, hi, unsafe),))
     runner = OnnxRunner(net.to_onnx())
     saved = relu_split.MILP_UNSTABLE
-    relu_split.MILP_UNSTABLE = milp_unstable
+    if split_first:
+        pre = pre_activation_bounds(net, lo[None], hi[None])
+        relu_split.MILP_UNSTABLE = max(sum(int(((a < 0) & (b > 0)).sum()) for a, b in pre) - 4, 0)
     try:
         verdict = verify(net, query, runner, timeout=120)
     finally:
@@ -65,7 +79,7 @@ def test_verdicts_on_120_inputs_and_240_relus_match_the_milp_oracle(seed, side, 
     if side > 0:
         assert verdict.x is not None
         assert query.counterexample(verdict.x, runner(verdict.x[None])[0], 1e-4)
-    elif milp_unstable < 24:
+    if split_first and side < 0:
         assert verdict.stats["splits"] > 0
 
 

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from vigil.rules.reach.backward import SplitBounds, split_bounds
-from vigil.rules.reach.milp import box_counterexample
+from vigil.rules.reach.milp import box_counterexample, disjunction_counterexample, lp_bounds
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case
 
@@ -33,6 +33,10 @@ more, so the search looks at its deadline at least this often."""
 MILP_UNSTABLE = 250
 """A branch whose bounds leave at most this many neurons unstable goes to the MILP (HiGHS
 decides most of mnistfc 256x2's 100-150 at the root in 5-15 s a polytope)."""
+TIGHTEN_UNSTABLE = 40
+"""A branch going to the MILP with more unstable neurons than this first gets their bounds
+tightened by the LP over the layers before them (MIPVerify's LP bounds), once for all its
+polytopes: fewer binaries for HiGHS to branch on."""
 MILP_SHRINK = 0.8
 """After the MILP stopped at its time limit on a branch of n unstable neurons, its
 descendants go to the MILP with at most this share of n."""
@@ -252,22 +256,35 @@ class ReluSplit:
         its point is not confirmed; ``open_`` then keeps only the polytopes not shown
         empty) or "timeout" (the deadline came first)."""
         bounds = [(low[branch : branch + 1], high[branch : branch + 1]) for low, high in pre]
-        for p in order[open_[order]]:
+        if sum(int(((low < 0) & (high > 0)).sum()) for low, high in bounds) > TIGHTEN_UNSTABLE:
+            seconds = min(deadline - time.monotonic(), MILP_SECONDS)
+            bounds = lp_bounds(self.network, self.case.lower, self.case.upper, bounds, seconds)
+            if bounds is None:
+                return "timeout" if time.monotonic() >= deadline else "unknown"
+        polytopes = order[open_[order]]
+        # single rows (as "some other class wins"): one MILP picks the row
+        single = all(len(self.case.unsafe[p][1]) == 1 for p in polytopes)
+        for p in polytopes[:1] if single else polytopes:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "timeout"
             seconds = min(left, max(MILP_SECONDS, MILP_SHARE * left))
             self.stats["milp"] += 1
-            c, d = self.case.unsafe[p]
-            outcome, x = box_counterexample(
-                self.network, self.case.lower, self.case.upper, c, d, seconds, bounds
-            )
+            if single:
+                c = np.vstack([self.case.unsafe[q][0] for q in polytopes])
+                d = np.concatenate([self.case.unsafe[q][1] for q in polytopes])
+                solve = disjunction_counterexample
+            else:
+                c, d = self.case.unsafe[p]
+                solve = box_counterexample
+            lo, hi = self.case.lower, self.case.upper
+            outcome, x = solve(self.network, lo, hi, c, d, seconds, bounds)
             if outcome == "found":
                 found = self.search.confirmed(self.case, x[None])
                 return found if found is not None else "unknown"
             if outcome != "infeasible":
                 return "timeout" if time.monotonic() >= deadline else "unknown"
-            open_[p] = False
+            open_[polytopes if single else p] = False
         return "unsat"
 
 
