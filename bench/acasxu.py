@@ -20,7 +20,16 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from vnncomp import ROOT, header, run_instance, summary, threads, wrong
+from vnncomp import (
+    ROOT,
+    collect,
+    header,
+    run_instance,
+    summary,
+    threads,
+    write_csv,
+    wrong,
+)
 
 DATA = ROOT.parent / "shared" / "data" / "acasxu"
 SAT_EXCEPT_PROP_2 = {"1_1", "1_7", "1_8", "1_9", "3_3", "4_2"}
@@ -64,24 +73,16 @@ def main() -> int:
         wanted = {int(x) for x in args.props.split(",")}
         rows = [r for r in rows if int(re.search(r"prop_(\d+)", r[1]).group(1)) in wanted]
     print(f"{len(rows)} instances, {args.jobs} at a time (OPENBLAS_NUM_THREADS={threads()})")
-    records = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_one, args.data, r, Path(tmp)) for r in rows]
-        for i, future in enumerate(futures, 1):
-            r = future.result()
-            records.append(r)
-            flag = " WRONG" if wrong(r) else ""
-            print(
-                f"[{i}/{len(rows)}] {r['network']} prop {r['prop']}: {r['result']} "
-                f"(expected {r['expected']}) {r['wall']:.2f} s wall, {r['seconds']:.2f} s "
-                f"solver{flag} {r['problem']}",
-                flush=True,
-            )
-    if args.csv:
-        with args.csv.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(records[0]))
-            writer.writeheader()
-            writer.writerows(records)
+        records = collect(
+            futures,
+            lambda r: (
+                f"{r['network']} prop {r['prop']}: {r['result']} (expected "
+                f"{r['expected']}) {r['wall']:.2f} s wall, {r['seconds']:.2f} s solver"
+            ),
+        )
+    write_csv(args.csv, records)
     header("prop")
     for prop in sorted({r["prop"] for r in records}):
         summary(str(prop), [r for r in records if r["prop"] == prop])

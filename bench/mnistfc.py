@@ -21,7 +21,16 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from vnncomp import ROOT, header, run_instance, summary, threads, wrong
+from vnncomp import (
+    ROOT,
+    collect,
+    header,
+    run_instance,
+    summary,
+    threads,
+    write_csv,
+    wrong,
+)
 
 DATA = ROOT.parent / "shared" / "data" / "mnistfc"
 
@@ -49,7 +58,6 @@ def main() -> int:
     limit_mb = _megabytes(args.memory_limit)
     print(f"{len(rows)} instances, {args.jobs} at a time, --memory-limit {args.memory_limit} "
           f"(OPENBLAS_NUM_THREADS={threads()})", flush=True)  # fmt: skip
-    records = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
 
         def one(i: int, row: list[str]) -> dict:
@@ -68,21 +76,14 @@ def main() -> int:
             return record
 
         futures = [pool.submit(one, i, r) for i, r in enumerate(rows)]
-        for i, future in enumerate(futures, 1):
-            r = future.result()
-            records.append(r)
-            flag = " WRONG" if wrong(r) else ""
-            print(
-                f"[{i}/{len(rows)}] {r['network']} {r['property']}: {r['result']} (published "
-                f"{r['expected']}) {r['wall']:.1f} s wall, {r['peak_mb']:.0f} MiB{flag} "
-                f"{r['problem']}",
-                flush=True,
-            )
-    if args.csv:
-        with args.csv.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(records[0]))
-            writer.writeheader()
-            writer.writerows(records)
+        records = collect(
+            futures,
+            lambda r: (
+                f"{r['network']} {r['property']}: {r['result']} (published "
+                f"{r['expected']}) {r['wall']:.1f} s wall, {r['peak_mb']:.0f} MiB"
+            ),
+        )
+    write_csv(args.csv, records)
     header("network")
     for network in sorted({r["network"] for r in records}):
         summary(network, [r for r in records if r["network"] == network])

@@ -5,6 +5,7 @@ the summary table."""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import signal
@@ -12,6 +13,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +87,26 @@ def run_instance(model: Path, spec: Path, timeout: float, out: Path, *extra: str
     if result["result"] == "sat":
         record["problem"] = check_counterexample(model, spec, out.read_text()) or ""
     return record
+
+
+def collect(futures: list[Future], line: Callable[[dict], str]) -> list[dict]:
+    """The instances' records in order, each printed as it comes: ``line(record)``, then
+    WRONG for a wrong verdict and what is wrong with its counterexample."""
+    records = []
+    for i, future in enumerate(futures, 1):
+        r = future.result()
+        records.append(r)
+        flag = " WRONG" if wrong(r) else ""
+        print(f"[{i}/{len(futures)}] {line(r)}{flag} {r['problem']}", flush=True)
+    return records
+
+
+def write_csv(path: Path | None, records: list[dict]) -> None:
+    if path is not None:
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
 
 
 def wrong(r: dict) -> bool:

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from vigil.rules.reach.backward import SplitBounds, split_bounds
-from vigil.rules.reach.milp import box_counterexample, disjunction_counterexample, lp_bounds
+from vigil.rules.reach.milp import box_counterexample, lp_bounds
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case
 
@@ -273,12 +273,10 @@ class ReluSplit:
             if single:
                 c = np.vstack([self.case.unsafe[q][0] for q in polytopes])
                 d = np.concatenate([self.case.unsafe[q][1] for q in polytopes])
-                solve = disjunction_counterexample
             else:
                 c, d = self.case.unsafe[p]
-                solve = box_counterexample
             lo, hi = self.case.lower, self.case.upper
-            outcome, x = solve(self.network, lo, hi, c, d, seconds, bounds)
+            outcome, x = box_counterexample(self.network, lo, hi, c, d, seconds, bounds, single)
             if outcome == "found":
                 found = self.search.confirmed(self.case, x[None])
                 return found if found is not None else "unknown"
