@@ -15,11 +15,8 @@ import pkgutil
 import sys
 import time
 
-STARTED = time.monotonic()
-"""When the command started: a time limit it takes (``--timeout``) counts its imports."""
-
-from vigil import __version__  # noqa: E402
-from vigil.connectors.errors import BrokerRejected, BrokerUnavailable  # noqa: E402
+from vigil import __version__
+from vigil.connectors.errors import BrokerRejected, BrokerUnavailable
 
 GROUPS = {
     "verify": "verify a network (reachability, mini-batch MILP robustness)",
@@ -62,8 +59,12 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` names; ``args.started`` is when, so that a time limit the
+    command takes (``--timeout``) counts the imports of its libraries."""
+    started = time.monotonic()
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    args.started = started
     # a failed Kafka connection is our one error line, not also aiokafka's unconfigured log
     # lines (with `vigil run`'s logging configured they still reach the log)
     logging.getLogger("aiokafka").addHandler(logging.NullHandler())

@@ -123,8 +123,7 @@ def result_file(verdict: Verdict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vigil.daemon.cli import STARTED as started
-
+    started = args.started
     if not args.model.is_file():
         raise ValueError(f"{args.model}: no such file")
     verdict = solve(

@@ -192,7 +192,8 @@ class ReluSplit:
         for i in np.flatnonzero(exact):
             b = live[i]
             # the polytopes whose bounds are weakest first: the likeliest to hold a point
-            weakest_first = np.argsort(-(self.member * slack[i]).max(axis=1), kind="stable")
+            polytope_slack = np.where(self.member, slack[i], -np.inf).max(axis=1)
+            weakest_first = np.argsort(-polytope_slack, kind="stable")
             outcome = self._milp(b, bound.pre, open_[b], weakest_first, deadline)
             if isinstance(outcome, tuple):
                 return outcome
