@@ -31,8 +31,8 @@ BATCH_SECONDS = 0.5
 """A batch is grown while bounding it takes less than half this and shrunk when it takes
 more, so the search looks at its deadline at least this often."""
 MILP_UNSTABLE = 250
-"""A branch whose bounds leave at most this many neurons unstable goes to the MILP (HiGHS
-decides most of mnistfc 256x2's 100-150 at the root in 5-15 s a polytope)."""
+"""A branch whose bounds leave at most this many neurons unstable goes to the MILP: HiGHS
+decides most of mnistfc 256x2's roots, with 100-150, in seconds."""
 TIGHTEN_UNSTABLE = 40
 """A branch going to the MILP with more unstable neurons than this first gets their bounds
 tightened by the LP over the layers before them (MIPVerify's LP bounds), once for all its
@@ -41,8 +41,9 @@ MILP_SHRINK = 0.8
 """After the MILP stopped at its time limit on a branch of n unstable neurons, its
 descendants go to the MILP with at most this share of n."""
 MILP_SECONDS, MILP_SHARE = 5.0, 0.25
-"""The MILP's time on one polytope of a branch: this share of the time left, at least
-these seconds; a branch the MILP does not decide in its time is split."""
+"""The time of one MILP on a branch (one per polytope, or one for a disjunction of single
+rows): this share of the time left, at least these seconds; a branch the MILP does not
+decide in its time is split."""
 ATTACK_EVERY = 20
 """Batches between two rounds of fresh random restarts of the counterexample search."""
 STEPS = 6
