@@ -20,9 +20,12 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /src
 COPY . .
 RUN pip install '.[dask]' \
-    && useradd --system --home-dir /var/lib/vigil --create-home --shell /usr/sbin/nologin vigil
+    && groupadd --system --gid 10001 vigil \
+    && useradd --system --uid 10001 --gid vigil --home-dir /var/lib/vigil --create-home \
+        --shell /usr/sbin/nologin vigil
 
-USER vigil
+# numeric, so Kubernetes' runAsNonRoot can check it (the Helm chart runs as 10001)
+USER 10001:10001
 WORKDIR /var/lib/vigil
 # /metrics, /healthz and /readyz ([metrics] port).
 EXPOSE 9464

@@ -8,7 +8,7 @@ export KAFKA_PORT
 # the dev broker's secured listeners and credentials (written by dev-kafka.sh start)
 KAFKA_SECURITY = $${VIGIL_KAFKA_RUN:-/tmp/vigil-kafka-$(KAFKA_PORT)}/security.json
 
-.PHONY: demo test docs-check lint format bench kafka-start kafka-stop clean
+.PHONY: demo test chart-files docs-check lint format bench kafka-start kafka-stop clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,14 +20,23 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/vigil demo
 
-## test: lint, start the dev Kafka broker, run the whole suite, stop the broker
-## (a broker that was already running on $(KAFKA_PORT) is left running)
+## test: lint, bring helm and the CRD schemas (once, cached), start the dev Kafka broker,
+## run the whole suite, stop the broker (a broker that was already running on
+## $(KAFKA_PORT) is left running); without Go or npm the chart tests that need them skip
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	helm=$$(bash ops/helm/get-helm.sh) || helm=; \
+	crd_models=$$(bash ops/helm/get-crd-models.sh) || crd_models=; \
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
 	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) VIGIL_KAFKA_SECURITY=$(KAFKA_SECURITY) \
-	$(PY) -m pytest -q
+	VIGIL_HELM=$$helm VIGIL_CRD_MODELS=$$crd_models $(PY) -m pytest -q
+
+## chart-files: copy the alert rules and the dashboard into the Helm chart (a test fails
+## while they differ)
+chart-files:
+	cp ops/prometheus/alerts.yml ops/helm/vigil/files/alerts.yml
+	cp ops/grafana/vigil-dashboard.json ops/helm/vigil/files/vigil-dashboard.json
 
 ## docs-check: run every command the docs show (README, docs/operations.md, ops/README.md) and print what ran
 docs-check: $(STAMP)

@@ -863,7 +863,8 @@ def test_a_failed_delivery_is_not_committed_by_the_shutdown(tmp_path):
     delivered = {orjson.loads(m.value)["decision"]["id"] for m in sink.messages}
     assert delivered == set(range(1, 37)) and commits[-1] == {("t", 0): 37}
     newest, _ = asyncio.run(store.load("r", ("t", 0)))
-    assert newest.offset <= 37
+    # the first batch's snapshot is written only if its write ran before the failure
+    assert newest is None or newest.offset <= 37
 
     async def restart():
         pipeline, source, _ = _pipeline(values, store, sink)

@@ -871,6 +871,19 @@ def sources_exist(ctx: Ctx, command: str) -> str:
     return f"{', '.join(paths)} present"
 
 
+def chart_renders(ctx: Ctx, command: str) -> str:
+    """`helm template` renders what the install or upgrade would, with the same chart,
+    release, namespace and values files."""
+    helm = os.environ.get("VIGIL_HELM")
+    if not helm or not os.path.exists(helm):
+        pytest.skip("helm not found: `bash ops/helm/get-helm.sh` builds it (make test does)")
+    _, _, release, chart, *options = shlex.split(command)
+    args = [helm, "template", release, chart, *options, "--kube-version", "1.31.0"]
+    rendered = ok(sh(shlex.join(args), ctx.copy, timeout=120)).stdout
+    assert "kind: StatefulSet" in rendered, rendered[:2000]
+    return f"`helm template` of {chart} with {' '.join(options)} renders"
+
+
 # -- the table -------------------------------------------------------------------------------------
 
 
@@ -883,6 +896,7 @@ def state_topic_settings(ctx: Ctx, command: str) -> str:
 
 NO_DOCKER = "needs a Docker daemon, images and host ports; validated with compose config instead"
 ROOT = "needs root on a systemd host (a deployed machine)"
+KUBERNETES = "needs a Kubernetes cluster; tests/test_helm_chart.py checks the chart without one"
 DASK = (
     "needs a Dask cluster on other hosts; tests/test_dask_offload.py starts a scheduler and two "
     "workers with the dask command and runs verify batch and certify knn through --scheduler"
@@ -934,6 +948,13 @@ COMMANDS: dict[str, Run | Excused] = {
     # docs/operations.md
     "vigil check-config vigil.toml": Run(check_config_generic, "vigil.toml: the dev example"),
     "vigil run --config vigil.toml": Run(run_generic, "vigil.toml: the dev example, test broker"),
+    "helm install vigil ops/helm/vigil --namespace seldon-mesh -f ops/helm/examples/seldon.yaml": (
+        Excused(KUBERNETES, chart_renders)
+    ),
+    "helm upgrade vigil ops/helm/vigil --namespace seldon-mesh -f ops/helm/examples/seldon.yaml": (
+        Excused(KUBERNETES, chart_renders)
+    ),
+    "helm uninstall vigil --namespace seldon-mesh": Excused(KUBERNETES),
     # ops/README.md
     "make kafka-start": Run(make_kafka_start, "KAFKA_PORT: the test broker's port"),
     f".venv/bin/vigil run --config {DEV_CONFIG}": Run(dev_example, "in the background"),
