@@ -60,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=MODEL.onnx",
         help="the ONNX file of a network the query declares",
     )
-    v.add_argument("--timeout", type=int, default=300, help="seconds (default 300)")
+    v.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds (default 300); a real number, as solver drivers pass it",
+    )
     s = sub.add_parser("supports", help="what this solver handles")
     which = s.add_mutually_exclusive_group(required=True)
     for capability in CAPABILITIES:

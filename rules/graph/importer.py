@@ -83,7 +83,8 @@ class _Builder:
         if missing:
             raise UnsupportedModel(f"node {name!r} ({proto.op_type}): unknown input {missing[0]!r}")
         attrs = {a.name: _attribute(a) for a in proto.attribute}
-        node = Node(proto.op_type, name, [self.env[i] if i else None for i in proto.input], attrs)
+        inputs = [self.env[i] if i else None for i in proto.input]
+        node = Node(proto.op_type, name, inputs, attrs, len(proto.output))
         for i in proto.input:
             if i:
                 self.uses[i] -= 1
@@ -96,7 +97,12 @@ class _Builder:
         for i in proto.input:
             if i and self.uses[i] <= 0:
                 self.env.pop(i, None)
-        self.env[proto.output[0]] = out
+        outs = out if isinstance(out, tuple) else (out,)
+        if len(outs) < len([o for o in proto.output if o]):
+            raise node.fail(f"gives {len(outs)} outputs, the node names {len(proto.output)}")
+        for output, value in zip(proto.output, outs, strict=False):
+            if output:
+                self.env[output] = value
 
     def relu(self, node: Node, value: Value) -> Value:
         if not isinstance(value, Affine):

@@ -8,6 +8,7 @@ are the builder's, and a product of two data tensors is refused by name.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ class Node:
     name: str
     inputs: list[Value | None]
     attrs: dict[str, Any]
+    outputs: int = 1
 
     def fail(self, why: str) -> UnsupportedModel:
         return UnsupportedModel(f"node {self.name!r} ({self.op}): {why}")
@@ -55,7 +57,8 @@ class Builder(Protocol):
     def head(self, node: Node, value: Value, kind: str) -> Value: ...
 
 
-Converter = Callable[[Node, Builder], Value]
+Converter = Callable[[Node, Builder], Value | tuple[Value, ...]]
+"""A node's output value, or one per output (Split)."""
 CONVERTERS: dict[str, Converter] = {}
 
 
@@ -94,10 +97,15 @@ def _identity(node: Node, builder: Builder) -> Value:
 
 @converts("Constant")
 def _constant(node: Node, builder: Builder) -> Value:
-    value = node.attrs.get("value")
-    if value is None:
-        raise node.fail("only a tensor 'value' attribute is supported")
-    return np.asarray(value, dtype=np.float64)
+    """A numeric constant in any of its attribute forms (a tensor, or a scalar or list)."""
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in node.attrs:
+            return np.asarray(node.attrs[key], dtype=np.float64)
+    given = ", ".join(node.attrs) or "none"
+    raise node.fail(
+        f"only numeric constants (value, value_float(s), value_int(s)) are supported, "
+        f"got attribute {given}"
+    )
 
 
 # -- arithmetic with constants ------------------------------------------------------------
@@ -247,6 +255,132 @@ def _concat(node: Node, builder: Builder) -> Value:
     return Affine(
         np.concatenate([v.coef for v in lifted], axis=axis + 1),
         np.concatenate([v.offset for v in lifted], axis=axis),
+    )
+
+
+def _axes(node: Node, rank: int, position: int = 1) -> list[int] | None:
+    """The ``axes`` of a node, an attribute before opset 13 and an input since (None when
+    neither is given), each in [0, rank)."""
+    if "axes" in node.attrs:
+        given = node.attrs["axes"]
+    elif len(node.inputs) > position and node.inputs[position] is not None:
+        given = node.const(position, "axes")
+    else:
+        return None
+    return sorted(int(a) % rank for a in np.ravel(given))
+
+
+@converts("Squeeze")
+def _squeeze(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    axes = _axes(node, len(x.shape))
+    if axes is None:
+        axes = [i for i, size in enumerate(x.shape) if size == 1]
+    if any(x.shape[a] != 1 for a in axes):
+        raise node.fail(f"axes {axes} of a tensor of shape {list(x.shape)} are not all 1")
+    shape = tuple(size for i, size in enumerate(x.shape) if i not in axes)
+    return linear(x, lambda t: t.reshape(t.shape[0], *shape))
+
+
+@converts("Unsqueeze")
+def _unsqueeze(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    given = node.attrs.get("axes")
+    given = node.const(1, "axes") if given is None else given
+    rank = len(x.shape) + len(np.ravel(given))
+    axes = sorted(int(a) % rank for a in np.ravel(given))
+    sizes = iter(x.shape)
+    shape = tuple(1 if i in axes else next(sizes) for i in range(rank))
+    return linear(x, lambda t: t.reshape(t.shape[0], *shape))
+
+
+@converts("Slice")
+def _slice(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    if "starts" in node.attrs:  # before opset 10
+        starts, ends = node.attrs["starts"], node.attrs["ends"]
+        axes, steps = node.attrs.get("axes"), None
+    else:
+        starts, ends = node.const(1, "starts"), node.const(2, "ends")
+        axes, steps = (
+            node.const(i, what) if len(node.inputs) > i and node.inputs[i] is not None else None
+            for i, what in ((3, "axes"), (4, "steps"))
+        )
+    starts, ends = [int(v) for v in np.ravel(starts)], [int(v) for v in np.ravel(ends)]
+    rank = len(x.shape)
+    axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in np.ravel(axes)]
+    steps = [1] * len(starts) if steps is None else [int(v) for v in np.ravel(steps)]
+    index = [slice(None)] * len(x.shape)
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        size = x.shape[axis]
+        if step == 0:
+            raise node.fail("a step of 0")
+        # ONNX clamps out-of-range starts and ends as Python slices do, ends below -size
+        # included (which a Python slice would read as from the end)
+        end = None if step < 0 and end < -size else end
+        index[axis] = slice(start, end, step)
+    return linear(x, lambda t: t[(slice(None), *index)])
+
+
+@converts("Gather")
+def _gather(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    indices = node.const(1, "indices").astype(np.int64)
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    return linear(x, lambda t: np.take(t, indices, axis=axis + 1))
+
+
+@converts("ReduceSum", "ReduceMean")
+def _reduce(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    axes = _axes(node, len(x.shape))
+    if axes is None or not axes:
+        if node.attrs.get("noop_with_empty_axes", 0):
+            return x
+        axes = list(range(len(x.shape)))
+    keep = bool(node.attrs.get("keepdims", 1))
+    count = float(np.prod([x.shape[a] for a in axes]))
+    summed = linear(x, lambda t: t.sum(axis=tuple(a + 1 for a in axes), keepdims=keep))
+    return scale(summed, np.float64(1.0 / count)) if node.op == "ReduceMean" else summed
+
+
+_FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
+_NUMPY_TYPES = {2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64}
+_NUMPY_TYPES |= {9: np.bool_, 12: np.uint32, 13: np.uint64}
+
+
+@converts("Cast")
+def _cast(node: Node, builder: Builder) -> Value:
+    """A cast to a floating type is the identity over the reals; a constant is cast as ONNX
+    casts it (integers truncate)."""
+    x, to = node.data(), int(node.attrs["to"])
+    if to in _FLOAT_TYPES:
+        return x
+    if isinstance(x, Affine):
+        raise node.fail("a cast of a tensor computed from the input to an integer type")
+    if to not in _NUMPY_TYPES:
+        raise node.fail(f"cast to ONNX type {to} is not supported")
+    return x.astype(_NUMPY_TYPES[to]).astype(np.float64)
+
+
+@converts("Split")
+def _split(node: Node, builder: Builder) -> tuple[Value, ...]:
+    x = node.data()
+    axis = int(node.attrs.get("axis", 0)) % len(x.shape)
+    if "split" in node.attrs:
+        sizes = [int(v) for v in node.attrs["split"]]
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        sizes = [int(v) for v in np.ravel(node.const(1, "split"))]
+    else:
+        parts = int(node.attrs.get("num_outputs", node.outputs))
+        size = -(-x.shape[axis] // parts)
+        sizes = [min(size, x.shape[axis] - i * size) for i in range(parts)]
+    if sum(sizes) != x.shape[axis]:
+        raise node.fail(f"parts {sizes} do not add up to axis {axis} of size {x.shape[axis]}")
+    cuts = np.cumsum([0, *sizes])
+    return tuple(
+        linear(x, lambda t, a=a, b=b: np.take(t, np.arange(a, b), axis=axis + 1))
+        for a, b in itertools.pairwise(cuts)
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import logsumexp
 
 from vigil.rules.reach.network import Network
 
@@ -35,15 +36,60 @@ class OutputBounds:
 def output_bounds(
     network: Network, lo: np.ndarray, hi: np.ndarray, C: np.ndarray, d: np.ndarray | None = None
 ) -> OutputBounds:
-    """Upper bounds of C f(x) over each box [lo, hi] (B, d); rows with upper bound <= d
-    are left out of the split scores."""
+    """Upper bounds of C f(x) over each box [lo, hi] (B, d), f with its output activation
+    (sigmoid or softmax: interval bounds of it from the logits' bounds, so only the
+    logits' bounds score the splits); rows with upper bound <= d are left out of the split
+    scores."""
+    if network.output == "none":
+        return _logit_bounds(network, lo, hi, C, d)
+    m = network.output_dim
+    logits = _logit_bounds(network, lo, hi, np.vstack([np.eye(m), -np.eye(m)]))
+    y_low, y_high = activation_bounds(network.output, -logits.upper[:, m:], logits.upper[:, :m])
+    upper = np.maximum(C[None] * y_low[:, None, :], C[None] * y_high[:, None, :]).sum(axis=2)
+    return OutputBounds(upper, logits.gradient, logits.unstable)
+
+
+_ROUNDING = 8 * np.finfo(np.float64).eps
+_TINY = np.nextafter(0.0, 1.0)
+
+
+def activation_bounds(
+    output: str, low: np.ndarray, high: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of ``sigmoid`` or ``softmax`` of every logit vector z with low <= z <= high
+    (B, m). Both are 1 / (1 + e^t): sigmoid with t = -z, softmax output i with t the
+    log-sum-exp of z_j - z_i over j != i, smallest with z_i low and every other z_j high."""
+    if output == "sigmoid":
+        t_low, t_high = -low, -high
+    else:
+        others = ~np.eye(low.shape[1], dtype=bool)
+        t_low = logsumexp(np.where(others, high[:, None, :] - low[:, :, None], -np.inf), axis=2)
+        t_high = logsumexp(np.where(others, low[:, None, :] - high[:, :, None], -np.inf), axis=2)
+    return _reciprocal(t_low, -1.0), _reciprocal(t_high, 1.0)
+
+
+def _reciprocal(t: np.ndarray, side: float) -> np.ndarray:
+    """1 / (1 + e^t), moved by ``side`` (-1 down, 1 up) past its rounding: a few ulps per
+    unit of the exponent, and two of the smallest subnormal where it underflows; in [0, 1]."""
+    exponent = np.logaddexp(0.0, t)  # no overflow where e^t would
+    y = np.exp(-exponent)
+    slack = y * _ROUNDING * (1.0 + exponent) + 2 * _TINY
+    return np.clip(y + side * slack, 0.0, 1.0)
+
+
+def _logit_bounds(
+    network: Network, lo: np.ndarray, hi: np.ndarray, C: np.ndarray, d: np.ndarray | None = None
+) -> OutputBounds:
+    """``output_bounds`` of the last layer's values (before the output activation)."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     pre = pre_activation_bounds(network, lo, hi)
     upper, lam = _back_substitute(network.weights, network.biases, pre, C, centre, radius)
     open_ = np.ones(upper.shape, dtype=bool) if d is None else upper > d
     gradient = (np.abs(lam) * open_[:, :, None]).sum(axis=1) * (hi - lo)
-    unstable = sum(((low < 0) & (high > 0)).sum(axis=1) for low, high in pre)
-    return OutputBounds(upper, gradient, np.asarray(unstable))
+    unstable = np.zeros(len(lo), dtype=np.int64)  # stays 0 without hidden layers
+    for low, high in pre:
+        unstable += ((low < 0) & (high > 0)).sum(axis=1)
+    return OutputBounds(upper, gradient, unstable)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import numpy as np
 from vigil.rules.reach.backward import output_bounds
 from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network
-from vigil.rules.reach.query import Case, Query
+from vigil.rules.reach.query import Case, Query, shut
 from vigil.rules.reach.relu_split import WHOLE_OUTPUT_SPACE, ReluSplit, bytes_per_branch
 
 BATCH = 256
@@ -63,11 +63,6 @@ MEMORY = 2 << 30
 ATTACK_ROUNDS = 8
 """Rounds of random restarts before a ReLU search (``SEARCH_STARTS`` points each)."""
 ATTACK_STEPS = 40
-
-TOLERANCE = 1e-4
-"""How far outside the unsafe region the reference output of a counterexample may be: the
-tolerance VNN-COMP checks counterexamples with (a point the MILP finds on the region's
-boundary can round either way in float32)."""
 
 Confirm = Callable[[np.ndarray], np.ndarray]
 """The reference evaluator: outputs (n, m) for inputs (n, d) (onnxruntime)."""
@@ -109,6 +104,13 @@ def verify(
             f"the property is over {query.inputs} inputs and {query.outputs} outputs, the "
             f"network has {network.input_dim} and {network.output_dim}"
         )
+    if network.output != "none" and not splits_inputs(network):
+        raise ValueError(
+            f"the network ends in {network.output}; its outputs are bounded by input "
+            f"bisection only, for at most {INPUT_SPLIT_DIMS} inputs (it has "
+            f"{network.input_dim}): state the property over the logits (the model without "
+            f"its {network.output})"
+        )
     started = time.monotonic()
     deadline = started + timeout
     stats = {"boxes": 0, "branches": 0, "splits": 0, "milp": 0, "candidates": 0}
@@ -144,15 +146,20 @@ def verify(
     return Verdict("unsat", seconds, stats=stats)
 
 
-def _rows(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The unsafe polytopes' rows with the averages of their subsets (``_averages``), their
-    bounds, and which polytope each belongs to (P, R)."""
-    rows = [_averages(c, d) for c, d in case.unsafe]
-    owner = np.repeat(np.arange(len(rows)), [len(d) for _, d in rows])
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""The rows searches bound: C (R, m), d (R,), which polytope each belongs to (P, R), and
+which are strict (R,)."""
+
+
+def _rows(case: Case) -> Rows:
+    """The unsafe polytopes' rows with the averages of their subsets (``_averages``)."""
+    rows = [_averages(c, d, case.strict_rows(p)) for p, (c, d) in enumerate(case.unsafe)]
+    owner = np.repeat(np.arange(len(rows)), [len(d) for _, d, _ in rows])
     return (
-        np.vstack([c for c, _ in rows]),
-        np.concatenate([d for _, d in rows]),
+        np.vstack([c for c, _, _ in rows]),
+        np.concatenate([d for _, d, _ in rows]),
         owner[None, :] == np.arange(len(case.unsafe))[:, None],
+        np.concatenate([s for _, _, s in rows]),
     )
 
 
@@ -179,7 +186,7 @@ class _Search:
         x = np.vstack(
             [(lo + hi) / 2, np.where(face, np.where(rng.random(x.shape) < 0.5, lo, hi), x)]
         )
-        score = case.violation(self.network.logits(x))
+        score = case.violation(self.network.forward(x))
         order = np.argsort(score)
         best = x[order[:SEARCH_STARTS]]
         n = len(best)
@@ -238,11 +245,12 @@ class _Search:
         return None, closest
 
     def _objective(self, case: Case, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """min over polytopes of max over rows of (c y - d), and its gradient in x."""
+        """min over polytopes of max over rows of (c y - d), and its gradient in x (through
+        the logits: an output activation's own slope is left out)."""
         net = self.network
         pre = net.pre_activations(x)
         h = np.maximum(pre[-1], 0.0) if pre else x
-        y = h @ net.weights[-1].T + net.biases[-1]
+        y = net.activate(h @ net.weights[-1].T + net.biases[-1])
         best = np.full(len(x), np.inf)
         rows = np.zeros((len(x), y.shape[1]))
         for c, d in case.unsafe:
@@ -260,25 +268,31 @@ class _Search:
         return best, grad
 
     def confirmed(self, case: Case, x: np.ndarray) -> tuple | None:
-        """The point whose reference output is deepest in the unsafe region, with that
-        output, if it is there (within ``TOLERANCE``)."""
+        """Of the points whose reference output satisfies the case (``Case.holds``), the
+        one deepest in the unsafe region, with that output."""
         self.stats["candidates"] += len(x)
-        x = _inside(x, case.lower, case.upper)
+        x = _inside(x, case)
         y = self.confirm(x)
-        violation = case.violation(y)
-        best = int(np.argmin(violation))
-        return (x[best], y[best]) if violation[best] <= TOLERANCE else None
+        holds = np.flatnonzero(case.holds(x, y))
+        if not holds.size:
+            return None
+        best = holds[int(np.argmin(case.violation(y[holds])))]
+        return x[best], y[best]
 
 
-def _inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """``x`` moved into the box so that it stays there once rounded to float32 (the
-    evaluator's input type): a rounded bound outside the box is replaced by its next float32
-    towards the inside."""
-    x = np.clip(x, lo, hi).astype(np.float32)
+def _inside(x: np.ndarray, case: Case) -> np.ndarray:
+    """``x`` moved into the case's box so that it stays there once rounded to float32 (the
+    evaluator's input type): a rounded bound outside the box, or on a strict bound, is
+    replaced by its next float32 towards the inside."""
+    lo, hi = case.lower, case.upper
+    lo_open = np.zeros(lo.shape, bool) if case.lower_open is None else case.lower_open
+    hi_open = np.zeros(hi.shape, bool) if case.upper_open is None else case.upper_open
     lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
-    lo32 = np.where(lo32 < lo, np.nextafter(lo32, np.float32(np.inf)), lo32)
-    hi32 = np.where(hi32 > hi, np.nextafter(hi32, np.float32(-np.inf)), hi32)
-    return np.clip(x, lo32, hi32).astype(np.float64)
+    up, down = np.nextafter(lo32, np.float32(np.inf)), np.nextafter(hi32, np.float32(-np.inf))
+    lo32 = np.where((lo32 < lo) | (lo_open & (lo32 <= lo)), up, lo32)
+    hi32 = np.where((hi32 > hi) | (hi_open & (hi32 >= hi)), down, hi32)
+    x = np.clip(x, lo, hi).astype(np.float32)
+    return np.clip(x, lo32, np.maximum(hi32, lo32)).astype(np.float64)
 
 
 class _BranchAndBound:
@@ -296,7 +310,7 @@ class _BranchAndBound:
     ) -> None:
         self.network, self.case, self.search = network, case, search
         self.stats, self.progress = stats, progress
-        self.C, self.d, self.member = _rows(case)
+        self.C, self.d, self.member, self.strict = _rows(case)
         # strong branching bounds both halves of every input of each box at once
         per_box = 2 * network.input_dim * bytes_per_branch(network, len(self.d))
         self.batch = int(min(BATCH, max(memory // per_box, 1)))
@@ -325,8 +339,8 @@ class _BranchAndBound:
             lo, hi, open_ = _pop(self.stack_lo, self.stack_hi, self.stack_open, self.batch)
             self.stats["boxes"] += len(lo)
             bound = output_bounds(self.network, lo, hi, -self.C, -self.d)
-            shut = bound.upper < -self.d  # row r: c_r y > d_r on the whole box
-            open_ &= ~((shut[:, None, :] & self.member[None]).any(axis=2))
+            closed = shut(bound.upper, self.d, self.strict)  # row r: no point of the box
+            open_ &= ~((closed[:, None, :] & self.member[None]).any(axis=2))
             live = np.flatnonzero(open_.any(axis=1))
             if not live.size:
                 continue
@@ -343,16 +357,22 @@ class _BranchAndBound:
             share = (hi - lo) / self.width
             bisections = -np.log2(np.where(self.fixed, 1.0, share)).sum(axis=1)
             exact = share.max(axis=1) < MILP_WIDTH
-            exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
-            for i in np.flatnonzero(exact):
-                outcome = self._milp(lo[i], hi[i], open_[i], deadline)
-                if isinstance(outcome, tuple):
-                    return outcome
-                if outcome == "unknown":
-                    self.undecided = (
-                        "the MILP solver did not decide a box, or its point is not a "
-                        "counterexample for the reference evaluator"
-                    )
+            if self.network.output == "none":
+                exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
+                for i in np.flatnonzero(exact):
+                    outcome = self._milp(lo[i], hi[i], open_[i], deadline)
+                    if isinstance(outcome, tuple):
+                        return outcome
+                    if outcome == "unknown":
+                        self.undecided = (
+                            "the MILP solver did not decide a box, or its point is not a "
+                            "counterexample for the reference evaluator"
+                        )
+            elif exact.any():  # no MILP through the output activation: left undecided
+                self.undecided = (
+                    f"boxes too small to split are still open: bounds through the "
+                    f"{self.network.output} did not close them"
+                )
             split = ~exact
             lo, hi, open_, grad = lo[split], hi[split], open_[split], grad[split]
             if len(lo):
@@ -427,18 +447,22 @@ class _BranchAndBound:
         return "unsat"
 
 
-def _averages(c: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _averages(
+    c: np.ndarray, d: np.ndarray, strict: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A polytope's rows and the averages of every subset of them: where an average of rows
     exceeds its bound, one of them does, so the polytope is empty on any box where some
     average is shown above its bound; near the ties of a conjunction (``Y_0`` is the
-    largest) the averages are shown where no single row is (ACAS Xu 3_3, property 2)."""
+    largest) the averages are shown where no single row is (ACAS Xu 3_3, property 2). An
+    average is strict when one of its rows is."""
     k = len(d)
     if not 1 < k <= MAX_AVERAGED:
-        return c, d
+        return c, d, strict
     subsets = [s for size in range(2, k + 1) for s in itertools.combinations(range(k), size)]
     return (
         np.vstack([c, *(c[list(s)].mean(axis=0) for s in subsets)]),
         np.concatenate([d, [d[list(s)].mean() for s in subsets]]),
+        np.concatenate([strict, [strict[list(s)].any() for s in subsets]]),
     )
 
 

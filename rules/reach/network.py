@@ -107,7 +107,10 @@ class Network:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """The network's outputs, ``output`` activation included, for a batch (n, input_dim)."""
-        z = self.logits(x)
+        return self.activate(self.logits(x))
+
+    def activate(self, z: np.ndarray) -> np.ndarray:
+        """The ``output`` activation of last-layer values (n, output_dim)."""
         if self.output == "sigmoid":
             return 1.0 / (1.0 + np.exp(-z))
         if self.output == "softmax":

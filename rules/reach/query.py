@@ -2,7 +2,8 @@
 output lies in the unsafe region?
 
 The region of each box is a disjunction of polytopes ``C y <= d`` (every row of one of
-them). ``sat`` means such an input exists (a counterexample), ``unsat`` that none does.
+them; a strict row ``c y < d`` where the query says so). ``sat`` means such an input exists
+(a counterexample), ``unsat`` that none does.
 """
 
 from __future__ import annotations
@@ -21,15 +22,45 @@ class Case:
     lower: np.ndarray
     upper: np.ndarray
     unsafe: tuple[tuple[np.ndarray, np.ndarray], ...]  # (C (k, m), d (k,)) per polytope
+    strict: tuple[np.ndarray, ...] = ()
+    """Per polytope, which rows are strict (``c y < d``); none when empty."""
+    lower_open: np.ndarray | None = None
+    """Which inputs' lower bounds are strict (``x > lower``); none when unset."""
+    upper_open: np.ndarray | None = None
+    tolerance: float = 0.0
+    """How far outside a non-strict row a counterexample's output may be (VNN-LIB 1.0:
+    VNN-COMP's 1e-4; 2.0: none)."""
 
     def violation(self, y: np.ndarray) -> np.ndarray:
         """For outputs ``y`` (n, m): how far each is from the unsafe region, min over the
-        polytopes of max over their rows of ``c y - d`` (<= 0: unsafe)."""
+        polytopes of max over their rows of ``c y - d`` (<= 0: unsafe, up to strictness)."""
         out = np.full(len(y), np.inf)
         for c, d in self.unsafe:
             rows = y @ c.T - d if len(d) else np.full((len(y), 1), -np.inf)
             out = np.minimum(out, rows.max(axis=1))
         return out
+
+    def strict_rows(self, polytope: int) -> np.ndarray:
+        """Which rows of one polytope are strict."""
+        if self.strict:
+            return self.strict[polytope]
+        return np.zeros(len(self.unsafe[polytope][1]), dtype=bool)
+
+    def holds(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Which inputs ``x`` (n, d) with outputs ``y`` (n, m) are counterexamples: in the
+        box (strict bounds strictly) with the output in an unsafe polytope (strict rows
+        strictly, the others within ``tolerance``). NaN satisfies nothing."""
+        inside = np.all((x >= self.lower) & (x <= self.upper), axis=1)
+        if self.lower_open is not None:
+            inside &= np.all(~self.lower_open | (x > self.lower), axis=1)
+        if self.upper_open is not None:
+            inside &= np.all(~self.upper_open | (x < self.upper), axis=1)
+        unsafe = np.zeros(len(y), dtype=bool)
+        for p, (c, d) in enumerate(self.unsafe):
+            values = y @ c.T - d
+            met = np.where(self.strict_rows(p), values < 0, values <= self.tolerance)
+            unsafe |= met.all(axis=1)
+        return inside & unsafe
 
 
 @dataclass(frozen=True)
@@ -54,20 +85,20 @@ class Query:
     network: str | None = None
     variables: tuple[Variable, ...] = ()
 
-    def counterexample(self, x: np.ndarray, y: np.ndarray, tolerance: float = 0.0) -> bool:
-        """Whether ``x`` lies in a case's box and ``y`` in its unsafe region (``tolerance``
-        on y, as VNN-COMP checks a reported counterexample)."""
+    def counterexample(self, x: np.ndarray, y: np.ndarray) -> bool:
+        """Whether input ``x`` with output ``y`` satisfies a case (``Case.holds``)."""
         x, y = np.asarray(x).reshape(1, -1), np.asarray(y).reshape(1, -1)
-        return any(
-            np.all(x >= case.lower)
-            and np.all(x <= case.upper)
-            and case.violation(y)[0] <= tolerance
-            for case in self.cases
-        )
+        return any(bool(case.holds(x, y)[0]) for case in self.cases)
 
 
-Row = tuple[np.ndarray, np.ndarray, float]
-"""An atomic constraint ``a_x . x + a_y . y <= rhs``."""
+def shut(upper: np.ndarray, d: np.ndarray, strict: np.ndarray) -> np.ndarray:
+    """Which rows no point meets, from upper bounds of ``-c y`` (B, R): ``c y > d``
+    everywhere, or for a strict row ``c y >= d``."""
+    return (upper < -d) | (strict & (upper <= -d))
+
+
+Row = tuple[np.ndarray, np.ndarray, float, bool]
+"""An atomic constraint ``a_x . x + a_y . y <= rhs``, or ``< rhs`` when strict."""
 
 
 def query_from_clauses(
@@ -77,15 +108,18 @@ def query_from_clauses(
     network: str | None = None,
     variables: tuple[Variable, ...] = (),
     boxed: bool = True,
+    tolerance: float = 0.0,
 ) -> Query:
     """The query of a formula in disjunctive normal form: each clause's input rows must be
     bounds on one input (they give its box), its output rows one unsafe polytope; clauses
-    with the same box share a case. ``boxed``: every input must be bounded."""
-    cases: dict[bytes, tuple[np.ndarray, np.ndarray, list]] = {}
+    with the same box share a case. ``boxed``: every input must be bounded. ``tolerance``:
+    the cases' (``Case.tolerance``)."""
+    cases: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]] = {}
     for clause in clauses:
         lower, upper = np.full(inputs, -np.inf), np.full(inputs, np.inf)
-        c_rows, d_rows, feasible = [], [], True
-        for a_x, a_y, rhs in clause:
+        lower_open, upper_open = np.zeros(inputs, dtype=bool), np.zeros(inputs, dtype=bool)
+        c_rows, d_rows, strict_rows, feasible = [], [], [], True
+        for a_x, a_y, rhs, strict in clause:
             on_x, on_y = np.flatnonzero(a_x), np.flatnonzero(a_y)
             if on_x.size and on_y.size:
                 raise SpecError("a constraint mixing inputs and outputs is not supported")
@@ -93,28 +127,48 @@ def query_from_clauses(
                 raise SpecError("input constraints must be bounds on one input each")
             if on_x.size:
                 i, a = int(on_x[0]), float(a_x[on_x[0]])
-                if a > 0:
-                    upper[i] = min(upper[i], rhs / a)
-                else:
-                    lower[i] = max(lower[i], rhs / a)
+                bound = rhs / a
+                if a > 0 and bound < upper[i]:
+                    upper[i], upper_open[i] = bound, strict
+                elif a > 0 and bound == upper[i]:
+                    upper_open[i] |= strict
+                elif a < 0 and bound > lower[i]:
+                    lower[i], lower_open[i] = bound, strict
+                elif a < 0 and bound == lower[i]:
+                    lower_open[i] |= strict
             elif on_y.size:
                 c_rows.append(a_y)
                 d_rows.append(rhs)
-            elif rhs < 0:  # 0 <= rhs is false: the clause holds for nothing
+                strict_rows.append(strict)
+            elif rhs < 0 or (strict and rhs == 0):  # 0 <= rhs is false: holds for nothing
                 feasible = False
-        if not feasible or np.any(lower > upper):
+        empty = (lower > upper) | ((lower == upper) & (lower_open | upper_open))
+        if not feasible or np.any(empty):
             continue
-        key = lower.tobytes() + upper.tobytes()
+        key = b"".join(a.tobytes() for a in (lower, upper, lower_open, upper_open))
         polytope = (np.array(c_rows).reshape(-1, outputs), np.array(d_rows, dtype=np.float64))
-        cases.setdefault(key, (lower, upper, []))[2].append(polytope)
-    for lower, upper, _ in cases.values() if boxed else ():
+        strictness = np.array(strict_rows, dtype=bool)
+        case = cases.setdefault(key, (lower, upper, lower_open, upper_open, []))
+        case[4].append((polytope, strictness))
+    for lower, upper, *_ in cases.values() if boxed else ():
         unbounded = np.flatnonzero(~np.isfinite(lower) | ~np.isfinite(upper))
         if unbounded.size:
             raise SpecError(f"input {int(unbounded[0])} has no lower or no upper bound")
     return Query(
         inputs,
         outputs,
-        tuple(Case(lo, hi, tuple(polys)) for lo, hi, polys in cases.values()),
+        tuple(
+            Case(
+                lo,
+                hi,
+                tuple(p for p, _ in polys),
+                tuple(s for _, s in polys) if any(s.any() for _, s in polys) else (),
+                lo_open if lo_open.any() else None,
+                hi_open if hi_open.any() else None,
+                tolerance,
+            )
+            for lo, hi, lo_open, hi_open, polys in cases.values()
+        ),
         network,
         variables,
     )

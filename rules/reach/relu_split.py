@@ -25,7 +25,7 @@ import numpy as np
 from vigil.rules.reach.backward import SplitBounds, split_bounds
 from vigil.rules.reach.milp import box_counterexample, lp_bounds
 from vigil.rules.reach.network import Network
-from vigil.rules.reach.query import Case
+from vigil.rules.reach.query import Case, shut
 
 BATCH_SECONDS = 0.5
 """A batch is grown while bounding it takes less than half this and shrunk when it takes
@@ -81,17 +81,18 @@ class ReluSplit:
         self,
         network: Network,
         case: Case,
-        rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+        rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         search: Searcher,
         stats: dict[str, int],
         memory: int,
         progress: Callable[[dict[str, int]], None] | None = None,
         progress_seconds: float = 5.0,
     ) -> None:
-        """``rows``: the unsafe polytopes' rows C (R, m), bounds d (R,) and which polytope
-        each row belongs to (P, R); ``memory``: bytes the search may use at once."""
+        """``rows``: the unsafe polytopes' rows C (R, m), bounds d (R,), which polytope
+        each row belongs to (P, R) and which rows are strict (R,); ``memory``: bytes the
+        search may use at once."""
         self.network, self.case, self.search, self.stats = network, case, search, stats
-        self.C, self.d, self.member = rows
+        self.C, self.d, self.member, self.strict = rows
         widths = network.hidden_sizes
         self.cuts = np.cumsum([0, *widths])
         neurons = int(self.cuts[-1])
@@ -169,14 +170,14 @@ class ReluSplit:
         hi = np.broadcast_to(case.upper, (n, case.upper.size))
         layers = [signs[:, a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)]
         bound = split_bounds(self.network, lo, hi, layers, -self.C)
-        shut = bound.upper < -self.d  # row r: c_r y > d_r everywhere in the branch
-        open_ = open_ & ~(shut[:, None, :] & self.member[None]).any(axis=2)
+        closed = shut(bound.upper, self.d, self.strict)  # row r: no point of the branch
+        open_ = open_ & ~(closed[:, None, :] & self.member[None]).any(axis=2)
         open_ &= ~bound.empty[:, None]
         live = np.flatnonzero(open_.any(axis=1))
         if not live.size:
             return None
         # the rows still open, and of them each branch's weakest: search where it points
-        rows_open = (open_[live][:, :, None] & self.member[None]).any(axis=1) & ~shut[live]
+        rows_open = (open_[live][:, :, None] & self.member[None]).any(axis=1) & ~closed[live]
         slack = np.where(rows_open, bound.upper[live] + self.d, -np.inf)
         weakest = slack.argmax(axis=1)
         coefficients = bound.coefficients[live, weakest]

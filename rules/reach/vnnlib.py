@@ -8,8 +8,11 @@ the official ``vnnlib`` package; its syntax tree and disjunctive normal form are
 assertion, and the assertions are intersected here (the package's own ``compat`` transform
 joins separate ``and``/``or`` assertions as a union, and keeps only one half of ``==``).
 
-Strict comparisons are read as non-strict, as VNN-COMP's tools do: the unsafe region is
-closed.
+VNN-LIB 1.0 keeps VNN-COMP's convention: strict comparisons are read as non-strict (the
+unsafe region is closed), and a counterexample's output may lie 1e-4 outside it. In 2.0
+strict comparisons are strict and there is no tolerance: a counterexample satisfies every
+constraint as written. Bounds are computed over the closed region either way, which holds
+the open one, so an ``unsat`` stays sound.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from vigil.rules.reach.query import Query, Row, Variable, query_from_clauses
 from vigil.rules.reach.sets import SpecError
 
 MAX_CLAUSES = 100_000
+V1_TOLERANCE = 1e-4
+"""How far outside the unsafe region a VNN-LIB 1.0 counterexample's output may be: the
+tolerance VNN-COMP checks counterexamples with."""
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 _VAR = re.compile(r"^([XY])_(\d+)$")
 _COMPARISONS = ("<=", ">=", "<", ">", "=")
@@ -97,7 +103,7 @@ def _parse_v1(text: str, boxed: bool) -> Query:
         Variable(f"{kind}_{i}", "real", ()) for kind in "XY" for i in range(sizes[kind])
     )
     clauses = _product([reader.dnf(a) for a in asserts])
-    return query_from_clauses(clauses, sizes["X"], sizes["Y"], None, variables, boxed)
+    return query_from_clauses(clauses, sizes["X"], sizes["Y"], None, variables, boxed, V1_TOLERANCE)
 
 
 class _Token(str):
@@ -210,11 +216,13 @@ def _combine(parts, signs):
     )
 
 
-def _rows(op: str, left, right) -> list[Row]:
-    """``left op right`` as rows ``a_x x + a_y y <= rhs``."""
+def _rows(op: str, left, right, strict: bool = False) -> list[Row]:
+    """``left op right`` as rows ``a_x x + a_y y <= rhs`` (``<`` for ``<`` and ``>`` when
+    ``strict``)."""
     a_x, a_y, const = left[0] - right[0], left[1] - right[1], left[2] - right[2]
-    le: Row = (a_x, a_y, -const)  # left - right <= 0
-    ge: Row = (-a_x, -a_y, const)  # right - left <= 0
+    less = strict and op in ("<", ">")
+    le: Row = (a_x, a_y, -const, less)  # left - right <= 0
+    ge: Row = (-a_x, -a_y, const, less)  # right - left <= 0
     if op in ("<=", "<"):
         return [le]
     if op in (">=", ">"):
@@ -281,7 +289,7 @@ def _parse_v2(text: str, boxed: bool) -> Query:
                 op = ops.get(type(comparison).__name__)
                 if op is None:
                     raise SpecError(f"{comparison} is not supported (only <= < >= > ==)")
-                rows += _rows(op, linear(comparison.lhs), linear(comparison.rhs))
+                rows += _rows(op, linear(comparison.lhs), linear(comparison.rhs), strict=True)
             clauses.append(rows)
         dnfs.append(clauses)
     if not dnfs:

@@ -1,0 +1,139 @@
+"""The shape and reduction operators the importer takes (Squeeze, Unsqueeze, Slice, Gather,
+ReduceSum, ReduceMean, Cast, Split): each model matches onnxruntime on random inputs, and a
+VNN-LIB 2.0 query just above its maximum is `unsat` and just below it `sat`, the maximum
+taken by onnxruntime at every corner of the box (the models are affine)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from vigil.daemon.cli._standard import main
+from vigil.rules.graph import UnsupportedModel
+from vigil.rules.reach.network import OnnxRunner, load_checked
+
+SHAPE = (1, 2, 3)
+
+
+def const(name: str, values, dtype=np.int64):
+    return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
+
+
+def model(nodes: list, out: str, width: int, initializers: list = ()) -> bytes:
+    """X (1, 2, 3) through ``nodes`` to ``out`` of ``width`` values, flattened, then a fixed
+    Gemm to one output Y."""
+    weights = np.random.default_rng(width).normal(size=(1, width)).astype(np.float32)
+    tail = [
+        helper.make_node("Flatten", [out], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "W"], ["Y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        [*nodes, *tail],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(SHAPE))],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(weights, "W"), *initializers],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return m.SerializeToString()
+
+
+MODELS = {
+    "squeeze+unsqueeze": model(
+        [
+            helper.make_node("Unsqueeze", ["X", "ax0"], ["u"]),
+            helper.make_node("Squeeze", ["u", "ax1"], ["s"]),
+        ],
+        "s",
+        6,
+        [const("ax0", [0]), const("ax1", [1])],
+    ),
+    "slice": model(
+        [helper.make_node("Slice", ["X", "st", "en", "ax", "sp"], ["s"])],
+        "s",
+        4,
+        [const("st", [0, 1]), const("en", [2, 3]), const("ax", [1, 2]), const("sp", [1, 1])],
+    ),
+    "slice backwards": model(  # rows 1, 0 and column 2 (2 to 0 by -2)
+        [helper.make_node("Slice", ["X", "st", "en", "ax", "sp"], ["s"])],
+        "s",
+        2,
+        [const("st", [-1, 2]), const("en", [-100, 0]), const("ax", [1, -1]), const("sp", [-1, -2])],
+    ),
+    "gather": model(
+        [helper.make_node("Gather", ["X", "idx"], ["g"], axis=2)],
+        "g",
+        4,
+        [const("idx", [2, 0])],
+    ),
+    "reducesum": model(
+        [helper.make_node("ReduceSum", ["X", "ax"], ["r"], keepdims=0)],
+        "r",
+        2,
+        [const("ax", [2])],
+    ),
+    "reducemean": model([helper.make_node("ReduceMean", ["X"], ["r"], axes=[1])], "r", 3),
+    "cast": model(
+        [
+            helper.make_node("Cast", ["X"], ["c"], to=TensorProto.DOUBLE),
+            helper.make_node("Cast", ["c"], ["f"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["shape"], ["ints"], to=TensorProto.INT64),
+            helper.make_node("Reshape", ["f", "ints"], ["r"]),
+        ],
+        "r",
+        6,
+        [const("shape", [1.0, 3.0, 2.0], np.float32)],
+    ),
+    "split": model(
+        [
+            helper.make_node("Split", ["X", "parts"], ["a", "b"], axis=2),
+            helper.make_node("Concat", ["b", "a"], ["c"], axis=2),
+        ],
+        "c",
+        6,
+        [const("parts", [1, 2])],
+    ),
+}
+
+
+def query(threshold: float) -> str:
+    lines = [
+        "(vnnlib-version <2.0>)",
+        "(declare-network net",
+        "  (declare-input X real [1,2,3])",
+        "  (declare-output Y real [1,1]))",
+    ]
+    for i, j in itertools.product(range(2), range(3)):
+        lines.append(f"(assert (>= X[0,{i},{j}] -1.0)) (assert (<= X[0,{i},{j}] 1.0))")
+    lines.append(f"(assert (>= Y[0,0] {threshold!r}))")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_operator_matches_onnxruntime_and_its_queries_are_decided(tmp_path, capsys, name):
+    onnx_bytes = MODELS[name]
+    network, runner = load_checked(onnx_bytes)  # raises if numpy and onnxruntime disagree
+    assert network.input_dim == 6
+    corners = np.array(list(itertools.product([-1.0, 1.0], repeat=6)))
+    top = float(OnnxRunner(onnx_bytes)(corners).max())
+    (tmp_path / "m.onnx").write_bytes(onnx_bytes)
+    for threshold, answer in ((top + 0.05, "unsat"), (top - 0.05, "sat")):
+        (tmp_path / "q.vnnlib").write_text(query(threshold))
+        args = ["verify", str(tmp_path / "q.vnnlib"), "--network", f"net={tmp_path / 'm.onnx'}"]
+        assert main([*args, "--timeout", "30"]) == 0, capsys.readouterr().err
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == answer
+        if answer == "sat":
+            x = np.array([float(v) for v in lines[2:8]])
+            assert runner(x[None])[0, 0] >= threshold
+
+
+def test_an_integer_cast_of_the_input_is_refused_by_name():
+    bad = model(
+        [helper.make_node("Cast", ["X"], ["c"], to=TensorProto.INT32, name="trunc")], "c", 6
+    )
+    with pytest.raises(UnsupportedModel, match=r"'trunc' \(Cast\).*integer type"):
+        load_checked(bad)
