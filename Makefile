@@ -25,8 +25,8 @@ demo: $(STAMP)
 ## $(KAFKA_PORT) is left running); without Go or npm the chart tests that need them skip
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	helm=$$(bash ops/helm/get-helm.sh) || helm=; \
-	crd_models=$$(bash ops/helm/get-crd-models.sh) || crd_models=; \
+	helm=$$(bash ops/helm/get.sh helm) || helm=; \
+	crd_models=$$(bash ops/helm/get.sh crd-models) || crd_models=; \
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
 	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) VIGIL_KAFKA_SECURITY=$(KAFKA_SECURITY) \

@@ -876,7 +876,7 @@ def chart_renders(ctx: Ctx, command: str) -> str:
     release, namespace and values files."""
     helm = os.environ.get("VIGIL_HELM")
     if not helm or not os.path.exists(helm):
-        pytest.skip("helm not found: `bash ops/helm/get-helm.sh` builds it (make test does)")
+        pytest.skip("helm not found: `bash ops/helm/get.sh helm` builds it (make test does)")
     _, _, release, chart, *options = shlex.split(command)
     args = [helm, "template", release, chart, *options, "--kube-version", "1.31.0"]
     rendered = ok(sh(shlex.join(args), ctx.copy, timeout=120)).stdout

@@ -4,8 +4,8 @@ object against that version's strict schemas, the custom resources against their
 schemas, the cross-references between objects, the alert rules with promtool, the rendered
 vigil.toml with `vigil check-config`, and the pod's command line against the dev broker.
 
-`make test` brings the pinned helm (ops/helm/get-helm.sh, which builds it with Go) and the
-CRD schemas (ops/helm/get-crd-models.sh, with npm) and passes their paths in VIGIL_HELM and
+`make test` brings the pinned helm (`ops/helm/get.sh helm`, which builds it with Go) and the
+CRD schemas (`ops/helm/get.sh crd-models`, with npm) and passes their paths in VIGIL_HELM and
 VIGIL_CRD_MODELS; without them those tests skip.
 """
 
@@ -96,7 +96,7 @@ VALUES = {
 def _helm_binary() -> str:
     helm = os.environ.get("VIGIL_HELM") or shutil.which("helm")
     if not helm or not os.path.exists(helm):
-        pytest.skip("helm not found: `bash ops/helm/get-helm.sh` builds it (needs Go)")
+        pytest.skip("helm not found: `bash ops/helm/get.sh helm` builds it (needs Go)")
     return helm
 
 
@@ -229,7 +229,7 @@ def test_strict_validation_catches_an_unknown_field(rendered):
 def _crd_models() -> str:
     models = os.environ.get("VIGIL_CRD_MODELS")
     if not models or not os.path.isdir(models):
-        pytest.skip("CRD schemas not found: `bash ops/helm/get-crd-models.sh` (needs npm)")
+        pytest.skip("CRD schemas not found: `bash ops/helm/get.sh crd-models` (needs npm)")
     if shutil.which("node") is None:
         pytest.skip("node not found (install Node.js 20+)")
     return models

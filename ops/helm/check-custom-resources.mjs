@@ -1,6 +1,6 @@
 // Validate the chart's custom resources against their CRDs' schemas, as the npm
 // packages @kubernetes-models/prometheus-operator and @kubernetes-models/keda generate
-// them (get-crd-models.sh brings them).
+// them (`get.sh crd-models` brings them).
 //
 //   node check-custom-resources.mjs MODELS_DIR < objects.json
 //
