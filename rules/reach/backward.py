@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
 from vigil.rules.reach.network import Network
 
@@ -63,8 +62,9 @@ def activation_bounds(
         t_low, t_high = -low, -high
     else:
         others = ~np.eye(low.shape[1], dtype=bool)
-        t_low = logsumexp(np.where(others, high[:, None, :] - low[:, :, None], -np.inf), axis=2)
-        t_high = logsumexp(np.where(others, low[:, None, :] - high[:, :, None], -np.inf), axis=2)
+        lse = np.logaddexp.reduce  # log-sum-exp, without overflow
+        t_low = lse(np.where(others, high[:, None, :] - low[:, :, None], -np.inf), axis=2)
+        t_high = lse(np.where(others, low[:, None, :] - high[:, :, None], -np.inf), axis=2)
     return _reciprocal(t_low, -1.0), _reciprocal(t_high, 1.0)
 
 
