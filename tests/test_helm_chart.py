@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+
+from tests.daemon_harness import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "ops" / "helm" / "vigil"
@@ -630,12 +631,6 @@ def test_the_rendered_config_passes_check_config(rendered, tmp_path, request, na
     assert f"{config}: ok" in result.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -682,7 +677,7 @@ def test_the_pods_command_line_runs_the_daemon_against_the_broker(
     local ones) against the dev broker: ready and live at the port the probes name, and
     /metrics holds every family the dashboard queries."""
     topic = f"helm-{uuid.uuid4().hex[:8]}"
-    port = _free_port()
+    port = free_port()
     values = copy.deepcopy(VALUES[name])
     values.setdefault("config", {}).setdefault("kafka", {})
     values["metrics"] = {"port": port}
