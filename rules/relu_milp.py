@@ -6,6 +6,12 @@ relaxation, or by the MILP itself), the same model with integral indicators is t
 MILP, and the adversarial rows turn it into the robustness query (mini-batch
 verification) or the output rows into a VNN-LIB unsafe region (the complete search's
 finisher). Stable ReLUs get no indicator, inactive ones no column at all.
+
+A layer may carry ``noise``: its computed pre-activations lie within ``noise`` of
+``W a + b`` (a floating-point evaluation's rounding). Each row that holds a pre-activation
+is then relaxed by the noise in the direction that admits more points, so the model
+contains every computed behaviour; a point it finds is a candidate for the reference
+evaluator to confirm, not a proof.
 """
 
 from __future__ import annotations
@@ -202,9 +208,13 @@ class ReluModel:
         dead = ~self.alive
         return w[:, self.alive], b + w[:, dead] @ self.dead_value[dead]
 
-    def add_relu(self, w: np.ndarray, b: np.ndarray, pre: Layer) -> None:
-        """Layer a = ReLU(W a_prev + b) with pre-activation bounds ``pre``."""
+    def add_relu(
+        self, w: np.ndarray, b: np.ndarray, pre: Layer, noise: np.ndarray | None = None
+    ) -> None:
+        """Layer a = ReLU(W a_prev + b + e) with pre-activation bounds ``pre``, |e| <= noise
+        (0 without)."""
         wa, off = self.affine(w, b)
+        e = np.zeros(len(b)) if noise is None else noise
         prev = self.current
         active = pre.lower >= 0.0
         unstable = pre.unstable
@@ -215,8 +225,8 @@ class ReluModel:
         lower, upper, rows = [], [], []
         for j in np.flatnonzero(active):
             rows.append((np.append(prev, col_of[j]), np.append(-wa[j], 1.0)))
-            lower.append(off[j])
-            upper.append(off[j])
+            lower.append(off[j] - e[j])
+            upper.append(off[j] + e[j])
         unstable_idx = np.flatnonzero(unstable)
         if len(unstable_idx):
             s_cols = self._cols(np.zeros(len(unstable_idx)), np.ones(len(unstable_idx)))
@@ -224,11 +234,11 @@ class ReluModel:
             for j, s in zip(unstable_idx, s_cols, strict=True):
                 a, lj, uj = col_of[j], pre.lower[j], pre.upper[j]
                 rows.append((np.append(prev, a), np.append(-wa[j], 1.0)))  # a >= z
-                lower.append(off[j])
+                lower.append(off[j] - e[j])
                 upper.append(INF)
                 rows.append((np.concatenate([prev, [a, s]]), np.concatenate([-wa[j], [1.0, -lj]])))
                 lower.append(-INF)  # a <= z - l (1 - s)
-                upper.append(off[j] - lj)
+                upper.append(off[j] + e[j] - lj)
                 rows.append(([a, s], [1.0, -uj]))  # a <= u s
                 lower.append(-INF)
                 upper.append(0.0)
@@ -279,9 +289,13 @@ class ReluModel:
         bound = float(self.h.getInfo().mip_dual_bound)
         return bound if np.isfinite(bound) else None
 
-    def tighten(self, w: np.ndarray, b: np.ndarray, pre: Layer) -> Layer:
-        """Tighten the unstable neurons of the next layer (W a + b) over the current model."""
+    def tighten(
+        self, w: np.ndarray, b: np.ndarray, pre: Layer, noise: np.ndarray | None = None
+    ) -> Layer:
+        """Tighten the unstable neurons of the next layer (W a + b, within ``noise``) over
+        the current model."""
         wa, off = self.affine(w, b)
+        e = np.zeros(len(b)) if noise is None else noise
         lower, upper = pre.lower.copy(), pre.upper.copy()
         exact = self.solver.bounds == "milp" and bool(self.integers)
         minimise = self._floor if exact else self._minimise
@@ -290,12 +304,12 @@ class ReluModel:
         for j in np.flatnonzero(pre.unstable):
             lo = minimise(self.current, wa[j])
             if lo is not None:
-                lower[j] = max(lower[j], _widen(lo + off[j], down=True))
+                lower[j] = max(lower[j], _widen(lo + off[j] - e[j], down=True))
             if lower[j] >= 0.0:
                 continue
             hi = minimise(self.current, -wa[j])
             if hi is not None:
-                upper[j] = min(upper[j], _widen(-hi + off[j], down=False))
+                upper[j] = min(upper[j], _widen(-hi + off[j] + e[j], down=False))
         if exact:
             self._set_integral(False)
         self._set_cost(self.current, np.zeros(len(self.current)))
@@ -341,14 +355,18 @@ class ReluModel:
         self._rows(lower, upper, rows)
 
     def add_output_disjunction(
-        self, w: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray
+        self,
+        w: np.ndarray,
+        b: np.ndarray,
+        c: np.ndarray,
+        d: np.ndarray,
+        noise: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The outputs y = W a + b of the current layer constrained to satisfy at least one
-        row of ``c y <= d``: a binary t_j per row that the LP relaxation leaves possible,
-        row j relaxed by its LP maximum where t_j = 0. Returns the rows kept (none: no
-        output of the model satisfies any row)."""
-        wa, off = self.affine(w, b)
-        coef, rhs = c @ wa, d - c @ off  # row j: coef_j . a <= rhs_j
+        """The outputs y = W a + b of the current layer (within ``noise``) constrained to
+        satisfy at least one row of ``c y <= d``: a binary t_j per row that the LP
+        relaxation leaves possible, row j relaxed by its LP maximum where t_j = 0. Returns
+        the rows kept (none: no output of the model satisfies any row)."""
+        coef, rhs = self._output_rows(w, b, c, d, noise)
         slack = []
         for j in range(len(d)):
             least = self._minimise(self.current, -coef[j])  # -max coef_j . a
@@ -369,11 +387,29 @@ class ReluModel:
         self._rows(lower, upper, rows)
         return kept
 
-    def add_output_rows(self, w: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> None:
-        """The outputs y = W a + b of the current layer constrained to C y <= d."""
+    def add_output_rows(
+        self,
+        w: np.ndarray,
+        b: np.ndarray,
+        c: np.ndarray,
+        d: np.ndarray,
+        noise: np.ndarray | None = None,
+    ) -> None:
+        """The outputs y = W a + b of the current layer (within ``noise``) constrained to
+        C y <= d."""
+        coef, rhs = self._output_rows(w, b, c, d, noise)
+        self._rows([-INF] * len(d), list(rhs), [(self.current, row) for row in coef])
+
+    def _output_rows(
+        self, w: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, noise: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``c y <= d`` over the current columns, ``coef_j . a <= rhs_j``, each
+        relaxed by its worst case of the output ``noise``."""
         wa, off = self.affine(w, b)
-        coef = c @ wa
-        self._rows([-INF] * len(d), list(d - c @ off), [(self.current, row) for row in coef])
+        rhs = d - c @ off
+        if noise is not None:
+            rhs = rhs + np.abs(c) @ noise
+        return c @ wa, rhs
 
     def solve_milp(self) -> np.ndarray | None:
         """A feasible point of the MILP (all columns), or None when it is infeasible."""

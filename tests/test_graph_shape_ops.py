@@ -1,7 +1,8 @@
 """The shape and reduction operators the importer takes (Squeeze, Unsqueeze, Slice, Gather,
 ReduceSum, ReduceMean, Cast, Split): each model matches onnxruntime on random inputs, and a
 VNN-LIB 2.0 query just above its maximum is `unsat` and just below it `sat`, the maximum
-taken by onnxruntime at every corner of the box (the models are affine)."""
+taken by onnxruntime at every corner of the box (the models are affine), over the reals and
+in float32."""
 
 from __future__ import annotations
 
@@ -99,12 +100,12 @@ MODELS = {
 }
 
 
-def query(threshold: float) -> str:
+def query(threshold: float, dtype: str = "real") -> str:
     lines = [
         "(vnnlib-version <2.0>)",
         "(declare-network net",
-        "  (declare-input X real [1,2,3])",
-        "  (declare-output Y real [1,1]))",
+        f"  (declare-input X {dtype} [1,2,3])",
+        f"  (declare-output Y {dtype} [1,1]))",
     ]
     for i, j in itertools.product(range(2), range(3)):
         lines.append(f"(assert (>= X[0,{i},{j}] -1.0)) (assert (<= X[0,{i},{j}] 1.0))")
@@ -112,8 +113,11 @@ def query(threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.parametrize("dtype", ["real", "float32"])
 @pytest.mark.parametrize("name", MODELS)
-def test_the_operator_matches_onnxruntime_and_its_queries_are_decided(tmp_path, capsys, name):
+def test_the_operator_matches_onnxruntime_and_its_queries_are_decided(
+    tmp_path, capsys, name, dtype
+):
     onnx_bytes = MODELS[name]
     network, runner = load_checked(onnx_bytes)  # raises if numpy and onnxruntime disagree
     assert network.input_dim == 6
@@ -121,7 +125,7 @@ def test_the_operator_matches_onnxruntime_and_its_queries_are_decided(tmp_path, 
     top = float(OnnxRunner(onnx_bytes)(corners).max())
     (tmp_path / "m.onnx").write_bytes(onnx_bytes)
     for threshold, answer in ((top + 0.05, "unsat"), (top - 0.05, "sat")):
-        (tmp_path / "q.vnnlib").write_text(query(threshold))
+        (tmp_path / "q.vnnlib").write_text(query(threshold, dtype))
         args = ["verify", str(tmp_path / "q.vnnlib"), "--network", f"net={tmp_path / 'm.onnx'}"]
         assert main([*args, "--timeout", "30"]) == 0, capsys.readouterr().err
         lines = capsys.readouterr().out.splitlines()
@@ -129,6 +133,7 @@ def test_the_operator_matches_onnxruntime_and_its_queries_are_decided(tmp_path, 
         if answer == "sat":
             x = np.array([float(v) for v in lines[2:8]])
             assert runner(x[None])[0, 0] >= threshold
+            assert float(lines[9]) == runner(x[None])[0, 0]  # the output as computed
 
 
 def test_an_integer_cast_of_the_input_is_refused_by_name():

@@ -21,14 +21,17 @@ from vigil.rules.reach.sets import InputSet, OutputSpec
 from vigil.rules.reach.vnnlib import parse_query
 
 
-def query_2(box: list[tuple[str, str]], outputs: int, *asserts: str, inputs: int = 2) -> str:
-    """A 2.0 query over X [1, inputs] and Y [1, outputs] with the bounds ``box`` (lower,
-    upper text per input, ``(`` or ``)`` in front for a strict bound) and ``asserts``."""
+def query_2(
+    box: list[tuple[str, str]], outputs: int, *asserts: str, inputs: int = 2, dtype: str = "real"
+) -> str:
+    """A 2.0 query over X [1, inputs] and Y [1, outputs] of element type ``dtype`` with the
+    bounds ``box`` (lower, upper text per input, ``(`` or ``)`` in front for a strict
+    bound) and ``asserts``."""
     lines = [
         "(vnnlib-version <2.0>)",
         "(declare-network net",
-        f"  (declare-input X real [1,{inputs}])",
-        f"  (declare-output Y real [1,{outputs}]))",
+        f"  (declare-input X {dtype} [1,{inputs}])",
+        f"  (declare-output Y {dtype} [1,{outputs}]))",
     ]
     for i, (low, high) in enumerate(box):
         lo_op = ">" if low.startswith("(") else ">="
@@ -92,11 +95,12 @@ def softmax_model() -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
 
 
-def test_a_softmax_output_never_leaves_0_1(tmp_path, capsys):
+@pytest.mark.parametrize("dtype", ["real", "float32"])
+def test_a_softmax_output_never_leaves_0_1(tmp_path, capsys, dtype):
     """float32 underflow gives Y[0] = 0.0 at X = (-1000, 866.85): not `< 0.0`, and over the
     reals softmax lies strictly inside (0, 1)."""
     box = [("-1000.0", "1000.0"), ("-1000.0", "1000.0")]
-    text = query_2(box, 2, "(or (< Y[0,0] 0.0) (> Y[0,0] 1.0))")
+    text = query_2(box, 2, "(or (< Y[0,0] 0.0) (> Y[0,0] 1.0))", dtype=dtype)
     assert solve(tmp_path, softmax_model(), text, capsys) == ["unsat"]
 
 

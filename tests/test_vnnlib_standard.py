@@ -50,7 +50,7 @@ def test_name_version_and_supports(capsys):
     assert main(["supports", "--vnnlib-versions"]) == 0
     assert capsys.readouterr().out.split() == ["1.0", "2.0"]
     assert main(["supports", "--onnx-element-types"]) == 0
-    assert capsys.readouterr().out.split() == ["real"]
+    assert capsys.readouterr().out.split() == ["real", "float16", "float32", "float64"]
 
 
 def test_verify_answers_in_the_standard_format(model, tmp_path, capsys):
@@ -72,7 +72,7 @@ def test_verify_answers_in_the_standard_format(model, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("text", "network", "message"),
     [
-        (query_2(0.0, dtype="float32"), "net={path}", "declared float32"),
+        (query_2(0.0, dtype="float64"), "net={path}", "the model's input is float32"),
         (query_2(0.0, name="other"), "net={path}", "the query declares 'other'"),
         (query_2(0.0), "net=missing.onnx", "no such file"),
     ],

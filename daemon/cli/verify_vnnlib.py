@@ -14,8 +14,8 @@ import orjson
 
 from vigil.daemon.cli._args import byte_size, out_path
 from vigil.rules.reach.complete import Verdict, verify
-from vigil.rules.reach.network import load_checked
 from vigil.rules.reach.query import Query
+from vigil.rules.reach.rounding import load_for
 from vigil.rules.reach.vnnlib import read_query
 
 GROUP = "verify"
@@ -61,7 +61,7 @@ def solve(
     ``memory_limit``."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
-    network, runner = load_checked(model)
+    network, runner = load_for(model, query.element_type)
     if query.inputs != network.input_dim or query.outputs != network.output_dim:
         raise ValueError(
             f"the property is over {query.inputs} inputs and {query.outputs} outputs, "

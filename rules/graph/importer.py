@@ -7,6 +7,12 @@ residual branch) is carried through it exactly: a neuron after an earlier ReLU i
 non-negative, so its ReLU is itself; a network input ``x`` is carried as ``relu(x)`` and
 ``relu(-x)``. So graphs with skip connections, convolutions and normalisations become the
 same ``(W_i, b_i)`` chain, and the chain computes what the graph computes.
+
+Given a floating-point ``Precision``, the importer also bounds the rounding of the graph's
+own evaluation in that type, per layer: the computed pre-activations ``z`` of layer ``i``
+differ from ``W_i h + b_i``, with ``h`` the computed neurons of the layer before, by at most
+``R_i |h| + r_i`` (``Imported.rounding``). A ReLU itself is exact, so the computed network
+is the chain with a bounded error added before each ReLU.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from vigil.rules.graph.ops import CONVERTERS, Node
+from vigil.rules.graph.precision import ONNX_TYPES, Precision, Tracked
 from vigil.rules.graph.values import Affine, UnsupportedModel, Value
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
@@ -27,14 +34,28 @@ OUTPUT_HEADS = ("none", "sigmoid", "softmax")
 @dataclass(frozen=True)
 class Imported:
     """A graph as layers ``(W (out, in), b)`` over its flattened input, and its output
-    head (``OUTPUT_HEADS``)."""
+    head (``OUTPUT_HEADS``); with a precision, each layer's rounding bound ``(R (out, in),
+    r (out,))``, both non-negative, and the peak magnitude ``(p (in,), q)`` any tensor
+    computed in the layer may reach, ``p . |h| + q`` (``precision.Tracked``)."""
 
     layers: list[tuple[np.ndarray, np.ndarray]]
     output: str
+    rounding: list[tuple[np.ndarray, np.ndarray]] | None = None
+    peaks: list[tuple[np.ndarray, float]] | None = None
 
 
-def import_graph(model: onnx.ModelProto) -> Imported:
-    """The network an ONNX model computes; ``UnsupportedModel`` names what it cannot read."""
+def element_type(model: onnx.ModelProto) -> str:
+    """The element type of the model's data input as VNN-LIB names it (``float32``, ...),
+    or the ONNX type's name when it is not a floating-point type the bounds cover."""
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in weights]
+    number = inputs[0].type.tensor_type.elem_type if inputs else 0
+    return ONNX_TYPES.get(number, onnx.TensorProto.DataType.Name(number).lower())
+
+
+def import_graph(model: onnx.ModelProto, precision: Precision | None = None) -> Imported:
+    """The network an ONNX model computes, with its rounding bounds in ``precision`` when
+    given; ``UnsupportedModel`` names what it cannot read."""
     graph = model.graph
     consts = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in graph.initializer}
     inputs = [i for i in graph.input if i.name not in consts]  # weights listed as inputs too
@@ -43,24 +64,34 @@ def import_graph(model: onnx.ModelProto) -> Imported:
     if len(graph.output) != 1:
         raise UnsupportedModel(f"expected one graph output, found {len(graph.output)}")
     declared = _shape(inputs[0])
-    builder = _Builder(declared, graph, consts)
+    builder = _Builder(declared, graph, consts, precision)
     builder.env[inputs[0].name] = builder.input_value()
     for index, proto in enumerate(graph.node):
         builder.convert(proto, proto.name or f"#{index}")
     result = builder.env.get(graph.output[0].name)
     if not isinstance(result, Affine):
         raise UnsupportedModel("the graph output does not depend on its input")
-    return Imported(builder.finish(result), builder.output)
+    layers = builder.finish(result)
+    tracked = builder.precision
+    if tracked is None:
+        return Imported(layers, builder.output)
+    return Imported(layers, builder.output, builder.rounding, tracked.peaks)
 
 
 class _Builder:
     """The chain built so far, the tensors of the graph, and how often each is still used."""
 
     def __init__(
-        self, shape: tuple[int | str, ...], graph: onnx.GraphProto, consts: dict[str, np.ndarray]
+        self,
+        shape: tuple[int | str, ...],
+        graph: onnx.GraphProto,
+        consts: dict[str, np.ndarray],
+        precision: Precision | None,
     ) -> None:
         self.shape = tuple(d if isinstance(d, int) else 1 for d in shape)
+        self.precision = None if precision is None else Tracked(precision)
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
+        self.rounding: list[tuple[np.ndarray, np.ndarray]] = []
         self.output = "none"
         self.env: dict[str, Value] = dict(consts)
         self.uses = Counter(i for n in graph.node for i in n.input if i)
@@ -115,6 +146,9 @@ class _Builder:
 
     def finish(self, value: Affine) -> list[tuple[np.ndarray, np.ndarray]]:
         w = value.coef.reshape(value.neurons, -1).T
+        self.rounding.append(_rounding(value))
+        if self.precision is not None:
+            self.precision.close(value.neurons)
         return [*self.layers, (w, value.offset.reshape(-1))]
 
     def _close_layer(self, value: Affine) -> Affine:
@@ -124,24 +158,51 @@ class _Builder:
         n, m = value.neurons, int(np.prod(value.shape))
         used = np.zeros(n, dtype=bool)
         for k in later:
-            used |= np.any(self.env[k].coef.reshape(n, -1) != 0, axis=1)
+            v = self.env[k]
+            used |= np.any(v.coef.reshape(n, -1) != 0, axis=1)
+            if v.error is not None:
+                used |= np.any(v.error.coef.reshape(n, -1) != 0, axis=1)
         cols = np.flatnonzero(used)
         signed = not self.layers  # the network input may be negative: x = relu(x) - relu(-x)
         pick = np.eye(n)[cols]
         w = np.vstack([value.coef.reshape(n, m).T, pick, *([-pick] if signed else [])])
         self.layers.append((w, np.concatenate([value.offset.reshape(m), np.zeros(len(w) - m)])))
         width = len(w)
+        # the carried neurons pass the ReLU exactly: no rounding in their rows
+        r_w, r_b = _rounding(value)
+        if self.precision is not None:
+            self.precision.close(n)
+        self.rounding.append(
+            (np.vstack([r_w, np.zeros((width - m, n))]), np.concatenate([r_b, np.zeros(width - m)]))
+        )
+
+        def carried(coef: np.ndarray, magnitude: bool) -> np.ndarray:
+            """Coefficients over the old neurons re-expressed over the new layer: h_j is
+            relu(h_j) - relu(-h_j), and |h_j| is relu(h_j) + relu(-h_j)."""
+            old = coef.reshape(n, -1)[cols]
+            out = np.zeros((width, old.shape[1]))
+            out[m : m + cols.size] = old
+            if signed:
+                out[m + cols.size :] = old if magnitude else -old
+            return out.reshape(width, *coef.shape[1:])
+
         for k in later:
             v = self.env[k]
-            old = v.coef.reshape(n, -1)[cols]
-            coef = np.zeros((width, old.shape[1]))
-            coef[m : m + cols.size] = old
-            if signed:
-                coef[m + cols.size :] = -old
-            self.env[k] = Affine(coef.reshape(width, *v.shape), v.offset)
+            error = None
+            if v.error is not None:
+                error = Affine(carried(v.error.coef, True), v.error.offset)
+            self.env[k] = Affine(carried(v.coef, False), v.offset, error)
         out = np.zeros((width, m))
         out[:m] = np.eye(m)
         return Affine(out.reshape(width, *value.shape), np.zeros(value.shape))
+
+
+def _rounding(value: Affine) -> tuple[np.ndarray, np.ndarray]:
+    """The rounding bound of a layer's pre-activations ``value``: (R (out, in), r (out,))."""
+    n, m = value.neurons, int(np.prod(value.shape))
+    if value.error is None:
+        return np.zeros((m, n)), np.zeros(m)
+    return value.error.coef.reshape(n, m).T.copy(), value.error.offset.reshape(m).copy()
 
 
 def _shape(info: onnx.ValueInfoProto) -> tuple[int | str, ...]:

@@ -16,7 +16,18 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from vigil.rules.graph.values import Affine, UnsupportedModel, Value, add, lift, linear, scale
+from vigil.rules.graph.precision import Precision, Tracked
+from vigil.rules.graph.values import (
+    Affine,
+    UnsupportedModel,
+    Value,
+    add,
+    concatenate,
+    linear,
+    product,
+    scale,
+    watch,
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,10 @@ class Node:
 
 
 class Builder(Protocol):
-    """What converters need of the network being built."""
+    """What converters need of the network being built: with a ``precision``, every
+    converter also bounds the rounding of its operation in that type (``values``)."""
+
+    precision: Tracked | None
 
     def relu(self, node: Node, value: Value) -> Value: ...
 
@@ -114,12 +128,13 @@ def _constant(node: Node, builder: Builder) -> Value:
 @converts("Add", "Sub")
 def _add(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
-    return add(a, b if node.op == "Add" else scale(b, np.float64(-1.0)))
+    p = builder.precision
+    return add(a, b if node.op == "Add" else scale(b, np.float64(-1.0), p, terms=0), p)
 
 
 @converts("Neg")
 def _neg(node: Node, builder: Builder) -> Value:
-    return scale(node.data(), np.float64(-1.0))
+    return scale(node.data(), np.float64(-1.0), builder.precision, terms=0)
 
 
 @converts("Mul", "Div")
@@ -130,8 +145,10 @@ def _mul(node: Node, builder: Builder) -> Value:
     if node.op == "Div":
         if isinstance(b, Affine):
             raise node.fail("division by a tensor computed from the input")
-        return scale(a, 1.0 / b)
-    return scale(b, a) if isinstance(b, Affine) else scale(a, b)
+        return scale(a, 1.0 / b, builder.precision)
+    if isinstance(b, Affine):
+        a, b = b, a
+    return scale(a, b, builder.precision)
 
 
 # -- linear layers ---------------------------------------------------------------------------
@@ -142,9 +159,12 @@ def _matmul(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
     if isinstance(a, Affine) and isinstance(b, Affine):
         raise node.fail("a product of two tensors computed from the input is not piecewise linear")
+    p = builder.precision
     if isinstance(b, Affine):
-        return linear(b, lambda t: np.matmul(a, t))
-    return linear(a, lambda t: np.matmul(t, b))
+        terms = a.shape[-1]
+        return product(b, lambda t: np.matmul(a, t), lambda t: np.matmul(np.abs(a), t), terms, p)
+    terms = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    return product(a, lambda t: np.matmul(t, b), lambda t: np.matmul(t, np.abs(b)), terms, p)
 
 
 @converts("Gemm")
@@ -155,12 +175,18 @@ def _gemm(node: Node, builder: Builder) -> Value:
         raise node.fail(f"expects a matrix, gets a tensor of shape {list(a.shape)}")
     b = b.T if node.attrs.get("transB", 0) else b
     alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
+    weight = alpha * b
+    # alpha and beta scale the sum and the bias: one rounding more each
+    terms = b.shape[0] + (alpha != 1.0)
     if node.attrs.get("transA", 0):
-        out = linear(a, lambda t: np.swapaxes(t, -1, -2) @ (alpha * b))
+        fn, size = (lambda m: lambda t: np.swapaxes(t, -1, -2) @ m), np.abs(weight)
     else:
-        out = linear(a, lambda t: t @ (alpha * b))
+        fn, size = (lambda m: lambda t: t @ m), np.abs(weight)
+    out = product(a, fn(weight), fn(size), terms, builder.precision)
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        out = add(out, beta * node.const(2, "bias C"))
+        # the bias may be added among the product's terms
+        bias = beta * node.const(2, "bias C")
+        out = add(out, bias, builder.precision, terms=terms + 1 + (beta != 1.0))
     return out
 
 
@@ -176,9 +202,17 @@ def _conv(node: Node, builder: Builder) -> Value:
     group = node.attrs.get("group", 1)
     if x.shape[1] != weight.shape[1] * group:
         raise node.fail(f"{x.shape[1]} input channels for weights {list(weight.shape)}")
-    out = linear(x, lambda t: _conv2d(t, weight, pads, strides, dilations, group))
+    terms = int(np.prod(weight.shape[1:]))
+    out = product(
+        x,
+        lambda t: _conv2d(t, weight, pads, strides, dilations, group),
+        lambda t: _conv2d(t, np.abs(weight), pads, strides, dilations, group),
+        terms,
+        builder.precision,
+    )
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        out = add(out, node.const(2, "bias").reshape(1, -1, 1, 1))
+        bias = node.const(2, "bias").reshape(1, -1, 1, 1)
+        out = add(out, bias, builder.precision, terms=terms + 1)
     return out
 
 
@@ -194,13 +228,14 @@ def _average_pool(node: Node, builder: Builder) -> Value:
     strides = node.attrs.get("strides", [1, 1])
     channels = x.shape[1]
     ones = np.ones((channels, 1, *kernel))
-    summed = linear(x, lambda t: _conv2d(t, ones, pads, strides, [1, 1], channels))
+    window = lambda t: _conv2d(t, ones, pads, strides, [1, 1], channels)  # noqa: E731
+    summed = product(x, window, window, int(np.prod(kernel)), builder.precision)
     if node.attrs.get("count_include_pad", 0):
         count = np.full((1, 1, 1, 1), float(np.prod(kernel)))
     else:
         inside = np.ones((1, 1, *x.shape[2:]))
         count = _conv2d(inside[None], np.ones((1, 1, *kernel)), pads, strides, [1, 1], 1)[0]
-    return scale(summed, 1.0 / count)
+    return scale(summed, 1.0 / count, builder.precision, terms=2)  # 1/count rounded too
 
 
 @converts("BatchNormalization")
@@ -212,7 +247,16 @@ def _batch_norm(node: Node, builder: Builder) -> Value:
         raise node.fail("training mode is not supported")
     factor = gamma / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
     shape = (1, -1) + (1,) * (len(x.shape) - 2)
-    return add(scale(x, factor.reshape(shape)), (beta - mean * factor).reshape(shape))
+    shift = (beta - mean * factor).reshape(shape)
+    p = builder.precision
+    # the runtime computes the factor (a sum, a square root, a division: 3 roundings) and
+    # the shift from the mean, whose cancellation the terms below bound
+    out = add(scale(x, factor.reshape(shape), p, terms=4), shift, p, terms=4)
+    if p is None or not isinstance(out, Affine) or out.error is None:
+        return out
+    cancel = p.gamma(4) * (np.abs(beta) + np.abs(mean * factor)).reshape(shape)
+    error = Affine(out.error.coef, out.error.offset + cancel)
+    return Affine(out.coef, out.offset, error)
 
 
 # -- shapes -------------------------------------------------------------------------------
@@ -248,14 +292,7 @@ def _transpose(node: Node, builder: Builder) -> Value:
 def _concat(node: Node, builder: Builder) -> Value:
     values = [v for v in node.inputs if v is not None]
     axis = node.attrs["axis"] % len(values[0].shape)
-    affine = [v for v in values if isinstance(v, Affine)]
-    if not affine:
-        return np.concatenate(values, axis=axis)
-    lifted = [lift(v, affine[0].neurons) for v in values]
-    return Affine(
-        np.concatenate([v.coef for v in lifted], axis=axis + 1),
-        np.concatenate([v.offset for v in lifted], axis=axis),
-    )
+    return concatenate(values, axis)
 
 
 def _axes(node: Node, rank: int, position: int = 1) -> list[int] | None:
@@ -340,22 +377,38 @@ def _reduce(node: Node, builder: Builder) -> Value:
         axes = list(range(len(x.shape)))
     keep = bool(node.attrs.get("keepdims", 1))
     count = float(np.prod([x.shape[a] for a in axes]))
-    summed = linear(x, lambda t: t.sum(axis=tuple(a + 1 for a in axes), keepdims=keep))
-    return scale(summed, np.float64(1.0 / count)) if node.op == "ReduceMean" else summed
+    total = lambda t: t.sum(axis=tuple(a + 1 for a in axes), keepdims=keep)  # noqa: E731
+    p = builder.precision
+    summed = product(x, total, total, int(count), p)
+    return scale(summed, np.float64(1.0 / count), p, terms=2) if node.op == "ReduceMean" else summed
 
 
 _FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
+_UNIT_ROUNDOFF = {1: 2.0**-24, 10: 2.0**-11, 11: 2.0**-53, 16: 2.0**-8}
+_SMALLEST_NORMAL = {1: 2.0**-126, 10: 2.0**-14, 11: 2.0**-1022, 16: 2.0**-126}
+_LARGEST = {1: float(np.finfo(np.float32).max), 10: 65504.0, 11: float(np.finfo(np.float64).max)}
+_LARGEST[16] = 3.3895313892515355e38
 _NUMPY_TYPES = {2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64}
 _NUMPY_TYPES |= {9: np.bool_, 12: np.uint32, 13: np.uint64}
 
 
 @converts("Cast")
 def _cast(node: Node, builder: Builder) -> Value:
-    """A cast to a floating type is the identity over the reals; a constant is cast as ONNX
-    casts it (integers truncate)."""
+    """A cast to a floating type is the identity over the reals, and one rounding when a
+    precision is tracked and the target type is coarser; a constant is cast as ONNX casts
+    it (integers truncate)."""
     x, to = node.data(), int(node.attrs["to"])
+    p = builder.precision
     if to in _FLOAT_TYPES:
-        return x
+        if p is None or _UNIT_ROUNDOFF[to] <= p.unit:
+            return x
+        coarser = Precision(_FLOAT_TYPES[to], _UNIT_ROUNDOFF[to], _SMALLEST_NORMAL[to], float)
+        watch(x, p, float(np.finfo(p.dtype).max) / _LARGEST[to])
+        if not isinstance(x, Affine):
+            if to == 16:
+                raise node.fail("a constant cast to bfloat16")
+            return x.astype(np.dtype(_FLOAT_TYPES[to])).astype(np.float64)
+        return scale(x, np.float64(1.0), coarser)
     if isinstance(x, Affine):
         raise node.fail("a cast of a tensor computed from the input to an integer type")
     if to not in _NUMPY_TYPES:

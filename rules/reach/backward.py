@@ -8,6 +8,10 @@ bounds are far tighter on deep networks: on ACAS Xu property 1 the search closed
 4_5 in 751 boxes, and not in 1.6 million with the forward bounds. Only neurons that
 interval arithmetic leaves unstable in some box of the batch are bounded this way; a stable
 neuron's relaxation is exact whatever its bounds.
+
+A network with rounding ``noise`` (``Network.with_noise``) is bounded with each bias an
+interval ``b ± noise``: the bounds then also hold for the network as computed in its
+floating-point type.
 """
 
 from __future__ import annotations
@@ -43,21 +47,30 @@ def output_bounds(
         return _logit_bounds(network, lo, hi, C, d)
     m = network.output_dim
     logits = _logit_bounds(network, lo, hi, np.vstack([np.eye(m), -np.eye(m)]))
-    y_low, y_high = activation_bounds(network.output, -logits.upper[:, m:], logits.upper[:, :m])
+    y_low, y_high = activation_bounds(
+        network.output, -logits.upper[:, m:], logits.upper[:, :m], network.precision is not None
+    )
     upper = np.maximum(C[None] * y_low[:, None, :], C[None] * y_high[:, None, :]).sum(axis=2)
     return OutputBounds(upper, logits.gradient, logits.unstable)
 
 
 _ROUNDING = 8 * np.finfo(np.float64).eps
 _TINY = np.nextafter(0.0, 1.0)
+HEAD_ERROR = 2.0**-20
+"""With a floating-point type, how far the runtime's sigmoid or softmax output may be from
+the real one on the same logits, in absolute terms: onnxruntime's float32 kernels compute
+exp by a polynomial, off by up to 1.7e-7 on 10^6 logits from -1000 to 1000, and keep the
+outputs in [0, 1] (``tests/test_vnnlib_floats.py`` measures both)."""
 
 
 def activation_bounds(
-    output: str, low: np.ndarray, high: np.ndarray
+    output: str, low: np.ndarray, high: np.ndarray, computed: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bounds of ``sigmoid`` or ``softmax`` of every logit vector z with low <= z <= high
     (B, m). Both are 1 / (1 + e^t): sigmoid with t = -z, softmax output i with t the
-    log-sum-exp of z_j - z_i over j != i, smallest with z_i low and every other z_j high."""
+    log-sum-exp of z_j - z_i over j != i, smallest with z_i low and every other z_j high.
+    ``computed``: bounds of the runtime's floating-point evaluation (``HEAD_ERROR``)
+    instead of the real function."""
     if output == "sigmoid":
         t_low, t_high = -low, -high
     else:
@@ -65,7 +78,10 @@ def activation_bounds(
         lse = np.logaddexp.reduce  # log-sum-exp, without overflow
         t_low = lse(np.where(others, high[:, None, :] - low[:, :, None], -np.inf), axis=2)
         t_high = lse(np.where(others, low[:, None, :] - high[:, :, None], -np.inf), axis=2)
-    return _reciprocal(t_low, -1.0), _reciprocal(t_high, 1.0)
+    y_low, y_high = _reciprocal(t_low, -1.0), _reciprocal(t_high, 1.0)
+    if computed:
+        y_low, y_high = np.maximum(y_low - HEAD_ERROR, 0.0), np.minimum(y_high + HEAD_ERROR, 1.0)
+    return y_low, y_high
 
 
 def _reciprocal(t: np.ndarray, side: float) -> np.ndarray:
@@ -83,7 +99,9 @@ def _logit_bounds(
     """``output_bounds`` of the last layer's values (before the output activation)."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     pre = pre_activation_bounds(network, lo, hi)
-    upper, lam = _back_substitute(network.weights, network.biases, pre, C, centre, radius)
+    upper, lam = _back_substitute(
+        network.weights, network.biases, pre, C, centre, radius, noise=network.noise
+    )
     open_ = np.ones(upper.shape, dtype=bool) if d is None else upper > d
     gradient = (np.abs(lam) * open_[:, :, None]).sum(axis=1) * (hi - lo)
     unstable = np.zeros(len(lo), dtype=np.int64)  # stays 0 without hidden layers
@@ -119,7 +137,7 @@ def split_bounds(
         empty |= (low > high).any(axis=1)
     intercepts: list[np.ndarray] = []
     upper, lam = _back_substitute(
-        network.weights, network.biases, pre, C, centre, radius, intercepts
+        network.weights, network.biases, pre, C, centre, radius, intercepts, network.noise
     )
     return SplitBounds(upper, lam, pre, intercepts, empty)
 
@@ -135,13 +153,15 @@ def pre_activation_bounds(
     cut at 0 before the next layers are bounded. Where an assumption contradicts the bounds,
     low > high: no input of the box is in that branch."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
-    weights, biases = network.weights, network.biases
+    weights, biases, noise = network.weights, network.biases, network.noise
     pre: list[tuple[np.ndarray, np.ndarray]] = []
     post_lo, post_hi = lo, hi
     for k in range(len(weights) - 1):
         w, b = weights[k], biases[k]
         mid = (post_lo + post_hi) / 2 @ w.T + b
         spread = (post_hi - post_lo) / 2 @ np.abs(w).T
+        if noise is not None:
+            spread = spread + noise[k]
         low, high = mid - spread, mid + spread
         if k:
             unstable = np.flatnonzero(((low < 0) & (high > 0)).any(axis=0))
@@ -151,7 +171,13 @@ def pre_activation_bounds(
                 rows[np.arange(n), unstable] = 1.0
                 rows[n + np.arange(n), unstable] = -1.0
                 upper, _ = _back_substitute(
-                    weights[: k + 1], biases[: k + 1], pre, rows, centre, radius
+                    weights[: k + 1],
+                    biases[: k + 1],
+                    pre,
+                    rows,
+                    centre,
+                    radius,
+                    noise=None if noise is None else noise[: k + 1],
                 )
                 high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
                 low[:, unstable] = np.maximum(low[:, unstable], -upper[:, n:])
@@ -183,17 +209,21 @@ def _back_substitute(
     centre: np.ndarray,
     radius: np.ndarray,
     intercepts: list[np.ndarray] | None = None,
+    noise: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds over the boxes of ``rows`` (k, n) times the last layer's output, each
     ReLU replaced by the linear bound its pre-activation bounds allow for the sign of its
     coefficient (the chord above; 0 or the identity below, whichever is closer); and the
     coefficients on the input (B, k, d). ``intercepts``, when given, receives per hidden
     layer (first to last) what each neuron's chord adds to each row's bound (B, k, width):
-    the looseness a split of that neuron removes."""
+    the looseness a split of that neuron removes. ``noise``, when given, widens each
+    layer's bias to ``b ± noise`` (the row's worst case)."""
     batch, k = centre.shape[0], rows.shape[0]
     last = len(weights) - 1
     const = np.broadcast_to(rows @ biases[last], (batch, k)).copy()
     lam = np.broadcast_to(rows @ weights[last], (batch, k, weights[last].shape[1])).copy()
+    if noise is not None:
+        const += np.abs(rows) @ noise[last]
     for i in range(last - 1, -1, -1):
         lo, hi = pre[i]
         crossing = (lo < 0) & (hi > 0)
@@ -211,6 +241,8 @@ def _back_substitute(
         if intercepts is not None:
             intercepts.insert(0, added)
         const += lam @ biases[i]
+        if noise is not None:
+            const += np.abs(lam) @ noise[i]
         lam = (lam.reshape(batch * k, -1) @ weights[i]).reshape(batch, k, -1)
     upper = (
         const + np.einsum("bkd,bd->bk", lam, centre) + np.einsum("bkd,bd->bk", np.abs(lam), radius)

@@ -29,6 +29,7 @@ from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case, Query, shut
 from vigil.rules.reach.relu_split import WHOLE_OUTPUT_SPACE, ReluSplit, bytes_per_branch
+from vigil.rules.reach.rounding import rounding_noise
 
 BATCH = 256
 """Boxes bounded together (one matrix product per layer for all of them)."""
@@ -113,6 +114,11 @@ def verify(
         )
     started = time.monotonic()
     deadline = started + timeout
+    if network.rounding is not None and network.noise is None:
+        # bounds of the floating-point evaluation: its rounding over every case's box
+        lows = np.stack([case.lower for case in query.cases])
+        highs = np.stack([case.upper for case in query.cases])
+        network = rounding_noise(network, lows, highs)
     stats = {"boxes": 0, "branches": 0, "splits": 0, "milp": 0, "candidates": 0}
     search = _Search(network, confirm, stats, memory)
     rng = np.random.default_rng(0)
@@ -171,6 +177,8 @@ class _Search:
         self, network: Network, confirm: Confirm, stats: dict[str, int], memory: int
     ) -> None:
         self.network, self.confirm, self.stats = network, confirm, stats
+        # the evaluator's input type: float16 models take float16, others float32 values
+        self.input_type = np.float16 if _named(network) == "float16" else np.float32
         # a point's input, activations and gradient, a few copies of each at once
         point = 8 * 4 * (network.input_dim + sum(network.hidden_sizes) + network.output_dim)
         self.samples = int(min(SEARCH_SAMPLES, max(memory // point, SEARCH_STARTS)))
@@ -189,6 +197,11 @@ class _Search:
         score = case.violation(self.network.forward(x))
         order = np.argsort(score)
         best = x[order[:SEARCH_STARTS]]
+        if self.network.precision is not None:
+            # the computed network may reach the region where the real one does not
+            found = self.confirmed(case, best)
+            if found is not None:
+                return found
         n = len(best)
         found, _ = self.descend(
             case, best, np.tile(lo, (n, 1)), np.tile(hi, (n, 1)), SEARCH_STEPS, 0.25, deadline
@@ -271,7 +284,7 @@ class _Search:
         """Of the points whose reference output satisfies the case (``Case.holds``), the
         one deepest in the unsafe region, with that output."""
         self.stats["candidates"] += len(x)
-        x = _inside(x, case)
+        x = _inside(x, case, self.input_type)
         y = self.confirm(x)
         holds = np.flatnonzero(case.holds(x, y))
         if not holds.size:
@@ -280,19 +293,23 @@ class _Search:
         return x[best], y[best]
 
 
-def _inside(x: np.ndarray, case: Case) -> np.ndarray:
-    """``x`` moved into the case's box so that it stays there once rounded to float32 (the
-    evaluator's input type): a rounded bound outside the box, or on a strict bound, is
-    replaced by its next float32 towards the inside."""
+def _named(network: Network) -> str:
+    return "real" if network.precision is None else network.precision.name
+
+
+def _inside(x: np.ndarray, case: Case, kind: type = np.float32) -> np.ndarray:
+    """``x`` moved into the case's box so that it stays there once rounded to ``kind``
+    (the evaluator's input type): a rounded bound outside the box, or on a strict bound,
+    is replaced by its next value of that type towards the inside."""
     lo, hi = case.lower, case.upper
     lo_open = np.zeros(lo.shape, bool) if case.lower_open is None else case.lower_open
     hi_open = np.zeros(hi.shape, bool) if case.upper_open is None else case.upper_open
-    lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
-    up, down = np.nextafter(lo32, np.float32(np.inf)), np.nextafter(hi32, np.float32(-np.inf))
-    lo32 = np.where((lo32 < lo) | (lo_open & (lo32 <= lo)), up, lo32)
-    hi32 = np.where((hi32 > hi) | (hi_open & (hi32 >= hi)), down, hi32)
-    x = np.clip(x, lo, hi).astype(np.float32)
-    return np.clip(x, lo32, np.maximum(hi32, lo32)).astype(np.float64)
+    lo_k, hi_k = lo.astype(kind), hi.astype(kind)
+    up, down = np.nextafter(lo_k, kind(np.inf)), np.nextafter(hi_k, kind(-np.inf))
+    lo_k = np.where((lo_k < lo) | (lo_open & (lo_k <= lo)), up, lo_k)
+    hi_k = np.where((hi_k > hi) | (hi_open & (hi_k >= hi)), down, hi_k)
+    x = np.clip(x, lo, hi).astype(kind)
+    return np.clip(x, lo_k, np.maximum(hi_k, lo_k)).astype(np.float64)
 
 
 class _BranchAndBound:

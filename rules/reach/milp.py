@@ -32,16 +32,18 @@ def box_counterexample(
 
     ``bounds``: the box's pre-activation bounds (each (1, width)) when known, as a branch's
     sign assumptions tighten them; every ReLU is exact in the model, so a point found is one
-    of the network's."""
+    of the network's (with rounding ``noise``, a candidate the reference evaluator confirms
+    or not)."""
     if bounds is None:
         bounds = pre_activation_bounds(network, lo[None], hi[None])
     model = ReluModel(Solver(time_limit=seconds), budget=seconds)
     w, b = network.weights[-1], network.biases[-1]
+    noise = None if network.noise is None else network.noise[-1]
     try:
         _add_hidden(model, network, lo, hi, bounds)
         if not any_row:
-            model.add_output_rows(w, b, c, d)
-        elif not len(model.add_output_disjunction(w, b, c, d)):
+            model.add_output_rows(w, b, c, d, noise)
+        elif not len(model.add_output_disjunction(w, b, c, d, noise)):
             return "infeasible", None
         point = model.solve_milp()
     except VerificationError:
@@ -86,9 +88,10 @@ def _add_hidden(
     ):
         slack = BOUND_SLACK * (1.0 + np.maximum(np.abs(low[0]), np.abs(high[0])))
         layer = Layer(low[0] - slack, high[0] + slack)
+        noise = None if network.noise is None else network.noise[k]
         if tighten and k:
-            layer = model.tighten(w, b, layer)
+            layer = model.tighten(w, b, layer, noise)
             layer = Layer(np.maximum(layer.lower, low[0]), np.minimum(layer.upper, high[0]))
-        model.add_relu(w, b, layer)
+        model.add_relu(w, b, layer, noise)
         used.append((layer.lower[None], layer.upper[None]))
     return used

@@ -6,7 +6,7 @@ arrays; onnxruntime stays the reference evaluator, and `check_agreement` ties th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from vigil.rules.graph import UnsupportedModel, import_graph
 from vigil.rules.graph.importer import OUTPUT_HEADS
+from vigil.rules.graph.precision import Precision
 
 OUTPUT_ACTIVATIONS = OUTPUT_HEADS
 
@@ -38,11 +39,22 @@ class Network:
     for models that emit probabilities); the layers themselves end in logits. The arrays are
     read-only float64 (writable ones are copied), so a layer array shared between two networks
     is the same layer: the online verifier skips comparing it.
+
+    A network analysed as computed in a floating-point type has a ``precision``, the
+    importer's ``rounding`` and ``peaks`` bounds per layer, and once a box is known
+    (``with_noise``) the ``noise``: per layer, how far each computed pre-activation may be
+    from ``W h + b`` on that box. Bounds and MILPs (``backward``, ``milp``) treat the noise
+    as an interval added to each bias, so they enclose the computed network as well as the
+    real one.
     """
 
     weights: tuple[np.ndarray, ...]
     biases: tuple[np.ndarray, ...]
     output: str = "none"
+    precision: Precision | None = None
+    rounding: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
+    peaks: tuple[tuple[np.ndarray, float], ...] | None = None
+    noise: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", tuple(_frozen(w) for w in self.weights))
@@ -72,9 +84,10 @@ class Network:
         )
 
     @classmethod
-    def from_onnx(cls, source: bytes | str | Path) -> Network:
-        """The ReLU network an ONNX graph computes (``vigil.rules.graph``); an operator it
-        cannot read is named in ``UnsupportedModel``."""
+    def from_onnx(cls, source: bytes | str | Path, precision: Precision | None = None) -> Network:
+        """The ReLU network an ONNX graph computes (``vigil.rules.graph``), with its
+        rounding bounds in ``precision`` when given; an operator it cannot read is named in
+        ``UnsupportedModel``."""
         try:
             model = (
                 onnx.load_model_from_string(source)
@@ -83,8 +96,22 @@ class Network:
             )
         except DecodeError as e:
             raise UnsupportedModel(f"not an ONNX model: the protobuf does not parse ({e})") from e
-        imported = import_graph(model)
-        return cls.from_arrays(imported.layers, imported.output)
+        imported = import_graph(model, precision)
+        network = cls.from_arrays(imported.layers, imported.output)
+        if imported.rounding is None or imported.peaks is None:
+            return network
+        return replace(
+            network,
+            precision=precision,
+            rounding=tuple(imported.rounding),
+            peaks=tuple(imported.peaks),
+        )
+
+    def with_noise(self, noise: list[np.ndarray]) -> Network:
+        """The same network with each layer's rounding noise bound (``backward.rounding_noise``)."""
+        if len(noise) != len(self.weights):
+            raise ValueError(f"{len(noise)} noise bounds for {len(self.weights)} layers")
+        return replace(self, noise=tuple(_frozen(n) for n in noise))
 
     @property
     def input_dim(self) -> int:
@@ -165,19 +192,27 @@ class Network:
         return model.SerializeToString()
 
 
-class OnnxRunner:
-    """onnxruntime session for a model, fed float64 batches in the model's own dtype and shape."""
+_INPUT_TYPES = {"tensor(double)": np.float64, "tensor(float16)": np.float16}
 
-    def __init__(self, source: bytes | str | Path) -> None:
+
+class OnnxRunner:
+    """onnxruntime session for a model, fed float64 batches in the model's own dtype and
+    shape. ``node_by_node`` turns graph optimizations off, so every node runs as its own
+    kernel in the model's type (no fused or pre-computed weights): the evaluation whose
+    rounding the importer bounds."""
+
+    def __init__(self, source: bytes | str | Path, node_by_node: bool = False) -> None:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
+        if node_by_node:
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self._session = ort.InferenceSession(
             data, sess_options=options, providers=["CPUExecutionProvider"]
         )
         inp = self._session.get_inputs()[0]
         self._name = inp.name
-        self._dtype = np.float64 if inp.type == "tensor(double)" else np.float32
+        self._dtype = _INPUT_TYPES.get(inp.type, np.float32)
         self._shape = [d if isinstance(d, int) else -1 for d in inp.shape[1:]]
         # a model exported for one input at a time (VNN-COMP's): run the rows one by one
         self._single = len(inp.shape) > 1 and inp.shape[0] == 1

@@ -85,6 +85,16 @@ class Query:
     network: str | None = None
     variables: tuple[Variable, ...] = ()
 
+    @property
+    def element_type(self) -> str:
+        """The one element type of the declared variables (``real`` for VNN-LIB 1.0): the
+        arithmetic the query is about. Inputs and outputs of different types are refused."""
+        types = {v.dtype for v in self.variables} or {"real"}
+        if len(types) > 1:
+            named = ", ".join(f"{v.name} {v.dtype}" for v in self.variables)
+            raise ValueError(f"the variables are declared with different element types ({named})")
+        return types.pop()
+
     def counterexample(self, x: np.ndarray, y: np.ndarray) -> bool:
         """Whether input ``x`` with output ``y`` satisfies a case (``Case.holds``)."""
         x, y = np.asarray(x).reshape(1, -1), np.asarray(y).reshape(1, -1)
