@@ -97,6 +97,58 @@ MODELS = {
         6,
         [const("parts", [1, 2])],
     ),
+    # exporters' shape arithmetic, folded to constants: a mask and weights from Range,
+    # Pow, Sqrt and comparisons; Expand and Where on the data itself
+    "folded shape arithmetic": model(
+        [
+            helper.make_node("Shape", ["X"], ["s"]),
+            helper.make_node("Range", ["zero", "three_s", "one_s"], ["r"]),
+            helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+            helper.make_node("Pow", ["rf", "two"], ["sq"]),
+            helper.make_node("Sqrt", ["sq"], ["root"]),
+            helper.make_node("Equal", ["rf", "onef"], ["middle"]),
+            helper.make_node("Less", ["rf", "half"], ["first"]),
+            helper.make_node("Greater", ["rf", "three_halves"], ["last"]),
+            helper.make_node("And", ["middle", "last"], ["never"]),
+            helper.make_node("Not", ["first"], ["later"]),
+            helper.make_node("Or", ["never", "later"], ["keep"]),
+            helper.make_node(
+                "ConstantOfShape",
+                ["s"],
+                ["ones"],
+                value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5]),
+            ),
+            helper.make_node("Tile", ["root", "reps"], ["tiled"]),
+            helper.make_node("Slice", ["X", "s0", "s1", "s2"], ["x0"]),
+            helper.make_node("Expand", ["x0", "s"], ["wide"]),
+            helper.make_node("Slice", ["tiled", "s0", "three", "ax0"], ["tiled3"]),
+            helper.make_node("Mul", ["X", "tiled3"], ["scaled"]),
+            helper.make_node("Where", ["keep", "scaled", "wide"], ["w"]),
+            helper.make_node("Mul", ["w", "ones"], ["w2"]),
+            helper.make_node("Size", ["X"], ["size"]),
+            helper.make_node("Unsqueeze", ["size", "ax0"], ["size1"]),
+            helper.make_node("Concat", ["one", "size1"], ["target"], axis=0),
+            helper.make_node("Reshape", ["w2", "target"], ["flat6"]),
+        ],
+        "flat6",
+        6,
+        [
+            const("zero", 0),
+            const("three_s", 3),
+            const("one_s", 1),
+            const("three", [3]),
+            const("one", [1]),
+            const("reps", [2]),
+            const("ax0", [0]),
+            const("s0", [0]),
+            const("s1", [1]),
+            const("s2", [2]),
+            const("two", 2.0, np.float32),
+            const("onef", 1.0, np.float32),
+            const("half", 0.5, np.float32),
+            const("three_halves", 1.5, np.float32),
+        ],
+    ),
 }
 
 
@@ -141,4 +193,26 @@ def test_an_integer_cast_of_the_input_is_refused_by_name():
         [helper.make_node("Cast", ["X"], ["c"], to=TensorProto.INT32, name="trunc")], "c", 6
     )
     with pytest.raises(UnsupportedModel, match=r"'trunc' \(Cast\).*integer type"):
+        load_checked(bad)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        (
+            [helper.make_node("Pow", ["X", "two"], ["c"], name="square")],
+            r"'square' \(Pow\): its inputs must be constants",
+        ),
+        (
+            [
+                helper.make_node("Greater", ["X", "two"], ["mask"], name="cmp"),
+                helper.make_node("Where", ["mask", "X", "X"], ["c"]),
+            ],
+            r"'cmp' \(Greater\): its inputs must be constants",
+        ),
+    ],
+)
+def test_a_folded_operator_on_the_input_is_refused_by_name(nodes, message):
+    bad = model(nodes, "c", 6, [const("two", 2.0, np.float32)])
+    with pytest.raises(UnsupportedModel, match=message):
         load_checked(bad)

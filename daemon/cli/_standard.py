@@ -24,6 +24,7 @@ import numpy as np
 from vigil import __version__
 from vigil.daemon.cli.verify_vnnlib import solve
 from vigil.rules.graph import CONVERTERS
+from vigil.rules.graph.folding import FOLDED
 from vigil.rules.graph.precision import PRECISIONS
 from vigil.rules.reach.complete import Verdict
 from vigil.rules.reach.query import Query
@@ -35,7 +36,7 @@ CAPABILITIES = {
     "onnx-opset-versions": ["9", "21"],
     # real, or a floating-point type whose rounding the bounds enclose (docs/vnnlib.md)
     "onnx-element-types": ["real", *PRECISIONS],
-    "onnx-operators": sorted(CONVERTERS),
+    "onnx-operators": sorted(set(CONVERTERS) | FOLDED),
     "vnnlib-versions": ["1.0", "2.0"],
     "hidden-node-theories": ["NH"],
     "multiple-input-output-theories": ["SIO"],

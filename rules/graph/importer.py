@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from vigil.rules.graph.folding import FOLDED, fold
 from vigil.rules.graph.ops import CONVERTERS, Node
 from vigil.rules.graph.precision import ONNX_TYPES, Precision, Tracked
 from vigil.rules.graph.values import Affine, UnsupportedModel, Value
@@ -57,7 +58,8 @@ def import_graph(model: onnx.ModelProto, precision: Precision | None = None) -> 
     """The network an ONNX model computes, with its rounding bounds in ``precision`` when
     given; ``UnsupportedModel`` names what it cannot read."""
     graph = model.graph
-    consts = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in graph.initializer}
+    arrays = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    consts = {name: a.astype(np.float64) for name, a in arrays.items()}
     inputs = [i for i in graph.input if i.name not in consts]  # weights listed as inputs too
     if len(inputs) != 1:
         raise UnsupportedModel(f"expected one graph input, found {[i.name for i in inputs]}")
@@ -65,6 +67,7 @@ def import_graph(model: onnx.ModelProto, precision: Precision | None = None) -> 
         raise UnsupportedModel(f"expected one graph output, found {len(graph.output)}")
     declared = _shape(inputs[0])
     builder = _Builder(declared, graph, consts, precision)
+    builder.kinds.update({name: a.dtype for name, a in arrays.items()})
     builder.env[inputs[0].name] = builder.input_value()
     for index, proto in enumerate(graph.node):
         builder.convert(proto, proto.name or f"#{index}")
@@ -94,6 +97,7 @@ class _Builder:
         self.rounding: list[tuple[np.ndarray, np.ndarray]] = []
         self.output = "none"
         self.env: dict[str, Value] = dict(consts)
+        self.kinds: dict[str, np.dtype] = {}  # a constant's type in the graph, where known
         self.uses = Counter(i for n in graph.node for i in n.input if i)
         self.uses.update(o.name for o in graph.output)
 
@@ -105,10 +109,10 @@ class _Builder:
         if self.output != "none":
             raise UnsupportedModel(f"node {name!r} ({proto.op_type}) follows the output activation")
         converter = CONVERTERS.get(proto.op_type)
-        if converter is None:
+        if converter is None and proto.op_type not in FOLDED:
             raise UnsupportedModel(
                 f"node {name!r}: operator {proto.op_type} is not supported "
-                f"(supported: {', '.join(sorted(CONVERTERS))})"
+                f"(supported: {', '.join(sorted(set(CONVERTERS) | FOLDED))})"
             )
         missing = [i for i in proto.input if i and i not in self.env]
         if missing:
@@ -116,11 +120,23 @@ class _Builder:
         attrs = {a.name: _attribute(a) for a in proto.attribute}
         inputs = [self.env[i] if i else None for i in proto.input]
         node = Node(proto.op_type, name, inputs, attrs, len(proto.output))
+        constant = not any(isinstance(v, Affine) for v in inputs)
         for i in proto.input:
             if i:
                 self.uses[i] -= 1
         try:
-            out = converter(node, self)
+            if proto.op_type in FOLDED and constant:
+                out = self._fold(proto, inputs)
+            elif converter is None:
+                raise node.fail(
+                    "its inputs must be constants, not tensors computed from the network input"
+                )
+            else:
+                out = converter(node, self)
+                if proto.op_type == "Constant":
+                    self.kinds[proto.output[0]] = _constant_kind(attrs)
+                elif proto.op_type in ("Shape", "Size"):
+                    self.kinds[proto.output[0]] = np.dtype(np.int64)
         except UnsupportedModel:
             raise
         except (ValueError, IndexError, KeyError) as e:
@@ -134,6 +150,20 @@ class _Builder:
         for output, value in zip(proto.output, outs, strict=False):
             if output:
                 self.env[output] = value
+
+    def _fold(self, proto: onnx.NodeProto, inputs: list[Value | None]) -> tuple[Value, ...]:
+        """A node on constants, evaluated; its outputs' types are kept for later folds."""
+        kinds = [self.kinds.get(i) for i in proto.input]
+        floats = np.float64 if self.precision is None else self.precision.dtype
+        try:
+            outputs = fold(proto, inputs, kinds, floats)  # type: ignore[arg-type]
+        except Exception as e:  # the reference evaluator raises what its operators raise
+            raise UnsupportedModel(
+                f"node {proto.name!r} ({proto.op_type}): cannot evaluate it on its constants: {e}"
+            ) from e
+        for name, value in zip(proto.output, outputs, strict=False):
+            self.kinds[name] = value.dtype
+        return tuple(value.astype(np.float64) for value in outputs)
 
     def relu(self, node: Node, value: Value) -> Value:
         if not isinstance(value, Affine):
@@ -195,6 +225,13 @@ class _Builder:
         out = np.zeros((width, m))
         out[:m] = np.eye(m)
         return Affine(out.reshape(width, *value.shape), np.zeros(value.shape))
+
+
+def _constant_kind(attrs: dict) -> np.dtype:
+    """The type of a Constant node's value."""
+    if "value" in attrs:
+        return np.asarray(attrs["value"]).dtype
+    return np.dtype(np.int64 if "value_int" in attrs or "value_ints" in attrs else np.float32)
 
 
 def _rounding(value: Affine) -> tuple[np.ndarray, np.ndarray]:

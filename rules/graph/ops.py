@@ -26,6 +26,7 @@ from vigil.rules.graph.values import (
     linear,
     product,
     scale,
+    select,
     watch,
 )
 
@@ -435,6 +436,39 @@ def _split(node: Node, builder: Builder) -> tuple[Value, ...]:
         linear(x, lambda t, a=a, b=b: np.take(t, np.arange(a, b), axis=axis + 1))
         for a, b in itertools.pairwise(cuts)
     )
+
+
+@converts("Shape", "Size")
+def _shape_of(node: Node, builder: Builder) -> Value:
+    """The shape (or size) of a tensor computed from the input: a constant."""
+    shape = node.data().shape
+    if node.op == "Size":
+        return np.asarray(float(np.prod(shape)))
+    rank = len(shape)
+    start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+    end = rank if end is None else int(end)
+    return np.asarray(shape[slice(start, end)], dtype=np.float64)
+
+
+@converts("Expand")
+def _expand(node: Node, builder: Builder) -> Value:
+    x = node.data()
+    target = tuple(int(v) for v in np.ravel(node.const(1, "shape")))
+    shape = np.broadcast_shapes(x.shape, target)
+    lead = (1,) * (len(shape) - len(x.shape))
+
+    def spread(t: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(t.reshape(len(t), *lead, *x.shape), (len(t), *shape)).copy()
+
+    return linear(x, spread)
+
+
+@converts("Where")
+def _where(node: Node, builder: Builder) -> Value:
+    """A selection by a constant mask (one computed from the input is not piecewise linear
+    in a form the chain holds)."""
+    mask = node.const(0, "condition") != 0
+    return select(mask, node.data(1), node.data(2))
 
 
 # -- helpers ----------------------------------------------------------------------------------

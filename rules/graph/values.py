@@ -177,6 +177,27 @@ def _note(precision: Precision | Tracked | None, size: Value) -> None:
         precision.note(size.coef, size.offset)
 
 
+def select(mask: np.ndarray, a: Value, b: Value) -> Value:
+    """``a`` where ``mask`` holds, else ``b``, broadcast (ONNX Where): entries move, nothing
+    is computed."""
+    if not isinstance(a, Affine) and not isinstance(b, Affine):
+        return np.where(mask, a, b)
+    neurons = a.neurons if isinstance(a, Affine) else b.neurons  # type: ignore[union-attr]
+    a, b = lift(a, neurons), lift(b, neurons)
+    shape = np.broadcast_shapes(mask.shape, a.shape, b.shape)
+    offset = np.where(mask, a.offset, b.offset)
+    offset = np.broadcast_to(offset, shape).copy()
+    out = Affine(np.where(mask, _coef(a, shape), _coef(b, shape)), offset)
+    if a.error is None and b.error is None:
+        return out
+    ea, eb = _bound(a), _bound(b)
+    error = Affine(
+        np.where(mask, _coef(ea, shape), _coef(eb, shape)),
+        np.broadcast_to(np.where(mask, ea.offset, eb.offset), shape).copy(),
+    )
+    return Affine(out.coef, out.offset, error)
+
+
 def _exact(value: Value) -> Value:
     return Affine(value.coef, value.offset) if isinstance(value, Affine) else value
 
