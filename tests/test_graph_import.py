@@ -106,10 +106,22 @@ def test_a_product_of_two_data_tensors_is_refused():
         Network.from_onnx(model(nodes, {}, ["n", 2], ["n", 2]))
 
 
-def test_a_fixed_batch_other_than_one_is_refused():
-    nodes = [helper.make_node("Relu", ["x"], ["y"])]
-    with pytest.raises(UnsupportedModel, match="fixed batch dimension of 4"):
-        Network.from_onnx(model(nodes, {}, [4, 2], [4, 2]))
+def test_a_fixed_batch_is_that_many_rows_of_one_input():
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["z"]),
+        helper.make_node("Relu", ["z"], ["h"]),
+        helper.make_node("MatMul", ["h", "v"], ["y"]),
+    ]
+    weights = {
+        k: rng.normal(size=s).astype(np.float32)
+        for k, s in (("w", (3, 4)), ("b", (4,)), ("v", (4, 1)))
+    }
+    network, _ = load_checked(model(nodes, weights, [2, 3], [2, 1]))  # raises on disagreement
+    assert (network.input_dim, network.output_dim) == (6, 2)
+    softmax = [*nodes[:2], helper.make_node("Softmax", ["h"], ["y"], axis=-1, name="probs")]
+    with pytest.raises(UnsupportedModel, match=r"'probs' \(Softmax\): a Softmax over 2 rows"):
+        Network.from_onnx(model(softmax, weights, [2, 3], [2, 4]))
 
 
 def test_the_acasxu_networks_load_as_onnxruntime_runs_them(acasxu):

@@ -171,6 +171,11 @@ class _Builder:
         return self._close_layer(value)
 
     def head(self, node: Node, value: Value, kind: str) -> Value:
+        if kind == "softmax" and int(np.prod(value.shape[:-1])) > 1:
+            raise node.fail(
+                f"a Softmax over {int(np.prod(value.shape[:-1]))} rows: the verifiers take one "
+                "output head over the whole output"
+            )
         self.output = kind
         return value
 
@@ -243,18 +248,15 @@ def _rounding(value: Affine) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _shape(info: onnx.ValueInfoProto) -> tuple[int | str, ...]:
-    """An input's declared shape; every dimension but a leading batch one must be fixed."""
+    """An input's declared shape; every dimension but a leading batch one must be fixed. A
+    fixed batch of N rows is N rows of the network's one input: the property is over all
+    of them at once."""
     dims = info.type.tensor_type.shape.dim
     shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
     if any(not isinstance(d, int) for d in shape[1:]):
         raise UnsupportedModel(f"input {info.name!r} needs fixed non-batch dimensions, has {shape}")
     if not shape:
         raise UnsupportedModel(f"input {info.name!r} has no shape")
-    if len(shape) > 1 and isinstance(shape[0], int) and shape[0] != 1:
-        raise UnsupportedModel(
-            f"input {info.name!r} has a fixed batch dimension of {shape[0]}; 1 or a free one "
-            "is accepted"
-        )
     return shape
 
 

@@ -213,20 +213,19 @@ class OnnxRunner:
         inp = self._session.get_inputs()[0]
         self._name = inp.name
         self._dtype = _INPUT_TYPES.get(inp.type, np.float32)
-        self._shape = [d if isinstance(d, int) else -1 for d in inp.shape[1:]]
-        # a model exported for one input at a time (VNN-COMP's): run the rows one by one
-        self._single = len(inp.shape) > 1 and inp.shape[0] == 1
-        if len(inp.shape) == 1:
-            self._single, self._shape = True, []
+        self._shape = [d if isinstance(d, int) else -1 for d in inp.shape]
+        # a model exported for a fixed batch (VNN-COMP's of one row), or with a 1-D input:
+        # each point is one whole input, run one by one
+        self._single = len(inp.shape) == 1 or isinstance(inp.shape[0], int)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         batch = np.asarray(x, dtype=self._dtype)
         n = batch.shape[0]
         if self._single:
-            shape = [1, *self._shape] if self._shape else [-1]
+            shape = [-1] if len(self._shape) == 1 else self._shape
             out = [self._run(row.reshape(shape)) for row in batch]
             return np.asarray(out, dtype=np.float64).reshape(n, -1)
-        return self._run(batch.reshape([n, *self._shape])).reshape(n, -1)
+        return self._run(batch.reshape([n, *self._shape[1:]])).reshape(n, -1)
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
         (out,) = self._session.run(None, {self._name: batch})
