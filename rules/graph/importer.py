@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 from vigil.rules.graph.folding import FOLDED, fold
 from vigil.rules.graph.ops import CONVERTERS, Node
 from vigil.rules.graph.precision import ONNX_TYPES, Precision, Tracked
-from vigil.rules.graph.values import Affine, UnsupportedModel, Value
+from vigil.rules.graph.values import Affine, UnsupportedModel, Value, add, lift, scale
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
 
@@ -170,6 +170,31 @@ class _Builder:
             return np.maximum(value, 0.0)
         return self._close_layer(value)
 
+    def maximum(
+        self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
+    ) -> tuple[Value, ...]:
+        """max(a, b) elementwise, as ``b + relu(a - b)``: one layer whose new neurons are
+        the differences, ``b`` and the values ``carry`` carried through it (they follow as
+        the other results). A maximum is exact in floating point (it is one of its
+        arguments), so only ``a``'s and ``b``'s own errors pass on."""
+        if not isinstance(a, Affine) and not isinstance(b, Affine):
+            return (np.maximum(a, b), *carry)
+        neurons = a.neurons if isinstance(a, Affine) else b.neurons  # type: ignore[union-attr]
+        b = lift(b, neurons)
+        held = [f"\0max:{node.name}:{k}" for k in range(1 + len(carry))]
+        for key, value in zip(held, (b, *carry), strict=True):  # held while the layer closes
+            self.env[key], self.uses[key] = value, 1
+        gap = add(a, scale(b, np.float64(-1.0), self.precision, terms=0), self.precision)
+        assert isinstance(gap, Affine)
+        rise = self._close_layer(Affine(gap.coef, gap.offset, _difference_error(a, b, neurons)))
+        carried = [self.env.pop(key) for key in held]
+        for key in held:
+            del self.uses[key]
+        low = carried[0]
+        assert isinstance(low, Affine)
+        top = Affine(rise.coef + low.coef, rise.offset + low.offset, low.error)
+        return (top, *carried[1:])
+
     def head(self, node: Node, value: Value, kind: str) -> Value:
         if kind == "softmax" and int(np.prod(value.shape[:-1])) > 1:
             raise node.fail(
@@ -230,6 +255,19 @@ class _Builder:
         out = np.zeros((width, m))
         out[:m] = np.eye(m)
         return Affine(out.reshape(width, *value.shape), np.zeros(value.shape))
+
+
+def _difference_error(a: Value, b: Affine, neurons: int) -> Affine | None:
+    """The error bound of ``a - b`` computed exactly from computed ``a`` and ``b``."""
+    a = lift(a, neurons)
+    if a.error is None and b.error is None:
+        return None
+    total = add(
+        Affine(np.zeros_like(a.coef), np.zeros_like(a.offset)) if a.error is None else a.error,
+        Affine(np.zeros_like(b.coef), np.zeros_like(b.offset)) if b.error is None else b.error,
+    )
+    assert isinstance(total, Affine)
+    return total
 
 
 def _constant_kind(attrs: dict) -> np.dtype:

@@ -71,6 +71,10 @@ class Builder(Protocol):
 
     def head(self, node: Node, value: Value, kind: str) -> Value: ...
 
+    def maximum(
+        self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
+    ) -> tuple[Value, ...]: ...
+
 
 Converter = Callable[[Node, Builder], Value | tuple[Value, ...]]
 """A node's output value, or one per output (Split)."""
@@ -237,6 +241,59 @@ def _average_pool(node: Node, builder: Builder) -> Value:
         inside = np.ones((1, 1, *x.shape[2:]))
         count = _conv2d(inside[None], np.ones((1, 1, *kernel)), pads, strides, [1, 1], 1)[0]
     return scale(summed, 1.0 / count, builder.precision, terms=2)  # 1/count rounded too
+
+
+@converts("MaxPool")
+def _max_pool(node: Node, builder: Builder) -> Value:
+    """The maximum of each window by pairs, ``max(a, b) = b + relu(a - b)``: a window of k
+    values takes ceil(log2 k) ReLU layers, all windows at once in each."""
+    x = node.data(0)
+    if len(x.shape) != 4:
+        raise node.fail("only 2-D pooling (N, C, H, W) is supported")
+    if node.attrs.get("ceil_mode", 0) or node.attrs.get("storage_order", 0):
+        raise node.fail("ceil_mode and storage_order are not supported")
+    if node.outputs > 1:
+        raise node.fail("the Indices output is not supported")
+    kernel = list(node.attrs["kernel_shape"])
+    pads = _pads(node, x.shape[2:], kernel)
+    strides = node.attrs.get("strides", [1, 1])
+    dilations = node.attrs.get("dilations", [1, 1])
+    height, width = x.shape[2:]
+    top, left, bottom, right = pads
+    rows = (height + top + bottom - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    cols = (width + left + right - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    out_r = np.arange(rows)[:, None] * strides[0] - top
+    out_c = np.arange(cols)[None, :] * strides[1] - left
+    picks = []  # per kernel offset, the flat input position of each window's element
+    for i, j in itertools.product(range(kernel[0]), range(kernel[1])):
+        r, c = out_r + i * dilations[0], out_c + j * dilations[1]
+        inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
+        picks.append((np.where(inside, r * width + c, -1), inside))
+    # padding never wins a maximum: an element outside takes the window's first inside one
+    first = np.full((rows, cols), -1)
+    for flat, inside in reversed(picks):
+        first = np.where(inside, flat, first)
+    if (first < 0).any():
+        raise node.fail("a window lies wholly in the padding")
+    values = [linear(x, _gather_spatial(np.where(inside, flat, first))) for flat, inside in picks]
+    size = x.shape[0]
+    while len(values) > 1:
+        pairs = len(values) // 2
+        a = concatenate(values[0 : 2 * pairs : 2], axis=0)
+        b = concatenate(values[1 : 2 * pairs : 2], axis=0)
+        best, *rest = builder.maximum(node, a, b, tuple(values[2 * pairs :]))
+        values = [linear(best, _rows(k * size, (k + 1) * size)) for k in range(pairs)] + rest
+    return values[0]
+
+
+def _gather_spatial(at: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """The map taking (L, N, C, H, W) to the flat spatial positions ``at`` (rows, cols)."""
+    return lambda t: t.reshape(*t.shape[:3], -1)[..., at]
+
+
+def _rows(start: int, end: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The map taking rows start:end of the batch axis (after the neuron axis)."""
+    return lambda t: t[:, start:end]
 
 
 @converts("BatchNormalization")
