@@ -203,8 +203,12 @@ QUICK = sorted(set(BACKENDS) - {"bdd"})
 SLOW_SHARE = 3
 
 
+SMALL_STREAMS = 80
+"""Random small streams per backend (each backend takes 10-20 s of the 20-minute suite)."""
+
+
 @pytest.mark.parametrize("backend", QUICK)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=SMALL_STREAMS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=small_streams(), data=st.data())
 def test_small_streams_match_oracle(backend, stream, data):
     spec_kw, x, y, (sizes, snapshot_at) = stream
@@ -213,7 +217,9 @@ def test_small_streams_match_oracle(backend, stream, data):
 
 
 @settings(
-    max_examples=120 // SLOW_SHARE, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=SMALL_STREAMS // SLOW_SHARE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 @given(stream=small_streams(), data=st.data())
 def test_small_streams_match_oracle_on_bdd(stream, data):

@@ -64,13 +64,23 @@ def test_statements_over_lines_comments_terms_and_equalities():
     assert second[0].tolist() == [[0, 1], [0, -1]] and second[1].tolist() == [0.5, -0.5]
 
 
+def test_rows_combining_inputs_range_over_outputs_then_inputs():
+    box = "(assert (>= X_0 -1)) (assert (<= X_0 1)) (assert (>= X_1 0)) (assert (<= X_1 2))"
+    query = parse_query(HEADER_1 + box + "(assert (<= (+ X_0 Y_1) 1)) (assert (>= Y_0 X_1))")
+    (case,) = query.cases
+    assert query.joint and query.outputs == 4  # (Y_0, Y_1, X_0, X_1)
+    assert case.lower.tolist() == [-1, 0] and case.upper.tolist() == [1, 2]
+    assert case.unsafe[0][0].tolist() == [[0, 1, 1, 0], [-1, 0, 0, 1]]
+    assert query.counterexample([0.5, 1.0], [2.0, 0.5]) and not query.counterexample(
+        [0.5, 1.0], [0.5, 0.5]
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         ("(assert (<= X_0 1)", "never closed"),
         ("(assert (<= X_7 1))", "X_7 is not declared"),
-        ("(assert (<= (+ X_0 Y_0) 1))", "mixing inputs and outputs"),
-        ("(assert (<= (+ X_0 X_1) 1))", "bounds on one input"),
         ("(assert (<= (* Y_0 Y_1) 1))", "product of two variables"),
         ("(assert (<= X_0 1)) (assert (>= X_0 0)) (assert (<= Y_0 1))", "input 1 has no"),
         ("(assert (xor (<= Y_0 1)))", "unknown connective"),

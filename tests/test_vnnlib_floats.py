@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.test_vnnlib_semantics import query_2, solve
+from tests.test_vnnlib_semantics import query_2, solve, values
 from vigil.daemon.cli._standard import main
 from vigil.rules.graph.precision import PRECISIONS
 from vigil.rules.reach.backward import HEAD_ERROR, output_bounds
@@ -36,11 +36,6 @@ def node_by_node(model: bytes) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
-def values(lines: list[str], inputs: int, outputs: int) -> tuple[list[str], list[str]]:
-    assert lines[0] == "sat"
-    return lines[2 : 2 + inputs], lines[3 + inputs : 3 + inputs + outputs]
 
 
 def test_float32_rounding_reaches_what_the_reals_do_not(tmp_path, capsys):
@@ -187,7 +182,7 @@ HOLDS = {
 
 
 @settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

@@ -49,6 +49,12 @@ def solve(tmp_path, model: bytes, text: str, capsys, timeout: str = "30") -> lis
     return capsys.readouterr().out.splitlines()
 
 
+def values(lines: list[str], inputs: int, outputs: int) -> tuple[list[str], list[str]]:
+    """The printed values of X and Y after `sat`, as text (exact)."""
+    assert lines[0] == "sat"
+    return lines[2 : 2 + inputs], lines[3 + inputs : 3 + inputs + outputs]
+
+
 def assignment(lines: list[str], inputs: int, outputs: int) -> tuple[np.ndarray, np.ndarray]:
     assert lines[0] == "sat"
     x = np.array([float(v) for v in lines[2 : 2 + inputs]])

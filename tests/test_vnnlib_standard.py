@@ -92,3 +92,8 @@ def test_the_installed_entry_point_answers():
         pytest.skip(f"{script} absent: install the package (make test does) to get the script")
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == __version__
+
+
+def test_linear_arithmetic_over_inputs_and_outputs_is_supported(capsys):
+    assert main(["supports", "--arithmetic-complexity-theories"]) == 0
+    assert "LIN" in capsys.readouterr().out.split()

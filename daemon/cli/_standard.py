@@ -42,7 +42,7 @@ CAPABILITIES = {
     "multiple-input-output-theories": ["SIO"],
     "multiple-network-theories": ["SNET"],
     "multiple-node-comparison-theories": ["SNC", "MNC"],
-    "arithmetic-complexity-theories": ["BND", "OUTC"],
+    "arithmetic-complexity-theories": ["BND", "OUTC", "LIN"],
     "optimised-disjunctive-reasoning": ["true"],
     "serialise-assignments": ["false"],
 }

@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from vigil.daemon.cli._args import byte_size, out_path
 from vigil.rules.reach.complete import Verdict, verify
-from vigil.rules.reach.query import Query
+from vigil.rules.reach.query import Query, joint_network
 from vigil.rules.reach.rounding import load_for
 from vigil.rules.reach.vnnlib import read_query
 
@@ -62,11 +63,16 @@ def solve(
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
     network, runner = load_for(model, query.element_type)
-    if query.inputs != network.input_dim or query.outputs != network.output_dim:
+    outputs = query.outputs - (query.inputs if query.joint else 0)
+    if query.inputs != network.input_dim or outputs != network.output_dim:
         raise ValueError(
-            f"the property is over {query.inputs} inputs and {query.outputs} outputs, "
+            f"the property is over {query.inputs} inputs and {outputs} outputs, "
             f"{model.name} has {network.input_dim} and {network.output_dim}"
         )
+    confirm: Callable[[np.ndarray], np.ndarray] = runner
+    if query.joint:  # rows over (y, x): the network and its evaluator give both
+        network = joint_network(network)
+        confirm = lambda x: np.hstack([runner(x), x])  # noqa: E731
     held = peak_rss()
     if memory_limit - held < MIN_SEARCH_MEMORY:
         raise ValueError(
@@ -79,7 +85,7 @@ def solve(
         verdict = verify(
             network,
             query,
-            runner,
+            confirm,
             timeout=max(left, 0.0),
             memory=memory_limit - held,
             progress=progress,
@@ -87,6 +93,8 @@ def solve(
     except MemoryError as e:
         raise ValueError(f"--memory-limit {memory_limit >> 20} MiB: {e}") from None
     verdict.seconds = time.monotonic() - started
+    if verdict.y is not None:
+        verdict.y = verdict.y[:outputs]
     return verdict
 
 

@@ -4,14 +4,20 @@ output lies in the unsafe region?
 The region of each box is a disjunction of polytopes ``C y <= d`` (every row of one of
 them; a strict row ``c y < d`` where the query says so). ``sat`` means such an input exists
 (a counterexample), ``unsat`` that none does.
+
+A constraint that is not a bound on one input (a sum of inputs, or inputs and outputs
+together) makes the query ``joint``: its rows then range over the outputs followed by the
+inputs, ``C (y, x) <= d``, and the verifiers see the network with its inputs appended to its
+outputs (``joint_network``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vigil.rules.reach.network import Network
 from vigil.rules.reach.sets import SpecError
 
 
@@ -84,6 +90,9 @@ class Query:
     cases: tuple[Case, ...]
     network: str | None = None
     variables: tuple[Variable, ...] = ()
+    joint: bool = False
+    """The rows range over (y, x): ``outputs`` then counts the network's outputs plus its
+    inputs."""
 
     @property
     def element_type(self) -> str:
@@ -98,6 +107,8 @@ class Query:
     def counterexample(self, x: np.ndarray, y: np.ndarray) -> bool:
         """Whether input ``x`` with output ``y`` satisfies a case (``Case.holds``)."""
         x, y = np.asarray(x).reshape(1, -1), np.asarray(y).reshape(1, -1)
+        if self.joint and y.shape[1] + x.shape[1] == self.outputs:
+            y = np.hstack([y, x])
         return any(bool(case.holds(x, y)[0]) for case in self.cases)
 
 
@@ -125,17 +136,24 @@ def query_from_clauses(
     with the same box share a case. ``boxed``: every input must be bounded. ``tolerance``:
     the cases' (``Case.tolerance``)."""
     cases: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list]] = {}
+    # a row that is not a bound on one input: every row then ranges over (y, x)
+    joint = any(
+        np.count_nonzero(a_x) > 1 or (np.any(a_x) and np.any(a_y))
+        for clause in clauses
+        for a_x, a_y, _, _ in clause
+    )
+    columns = outputs + inputs if joint else outputs
     for clause in clauses:
         lower, upper = np.full(inputs, -np.inf), np.full(inputs, np.inf)
         lower_open, upper_open = np.zeros(inputs, dtype=bool), np.zeros(inputs, dtype=bool)
         c_rows, d_rows, strict_rows, feasible = [], [], [], True
         for a_x, a_y, rhs, strict in clause:
             on_x, on_y = np.flatnonzero(a_x), np.flatnonzero(a_y)
-            if on_x.size and on_y.size:
-                raise SpecError("a constraint mixing inputs and outputs is not supported")
-            if on_x.size > 1:
-                raise SpecError("input constraints must be bounds on one input each")
-            if on_x.size:
+            if on_x.size > 1 or (on_x.size and on_y.size):
+                c_rows.append(np.concatenate([a_y, a_x]))
+                d_rows.append(rhs)
+                strict_rows.append(strict)
+            elif on_x.size:
                 i, a = int(on_x[0]), float(a_x[on_x[0]])
                 bound = rhs / a
                 if a > 0 and bound < upper[i]:
@@ -147,7 +165,7 @@ def query_from_clauses(
                 elif a < 0 and bound == lower[i]:
                     lower_open[i] |= strict
             elif on_y.size:
-                c_rows.append(a_y)
+                c_rows.append(np.concatenate([a_y, np.zeros(inputs)]) if joint else a_y)
                 d_rows.append(rhs)
                 strict_rows.append(strict)
             elif rhs < 0 or (strict and rhs == 0):  # 0 <= rhs is false: holds for nothing
@@ -156,7 +174,7 @@ def query_from_clauses(
         if not feasible or np.any(empty):
             continue
         key = b"".join(a.tobytes() for a in (lower, upper, lower_open, upper_open))
-        polytope = (np.array(c_rows).reshape(-1, outputs), np.array(d_rows, dtype=np.float64))
+        polytope = (np.array(c_rows).reshape(-1, columns), np.array(d_rows, dtype=np.float64))
         strictness = np.array(strict_rows, dtype=bool)
         case = cases.setdefault(key, (lower, upper, lower_open, upper_open, []))
         case[4].append((polytope, strictness))
@@ -166,7 +184,7 @@ def query_from_clauses(
             raise SpecError(f"input {int(unbounded[0])} has no lower or no upper bound")
     return Query(
         inputs,
-        outputs,
+        columns,
         tuple(
             Case(
                 lo,
@@ -181,6 +199,50 @@ def query_from_clauses(
         ),
         network,
         variables,
+        joint,
+    )
+
+
+def joint_network(network: Network) -> Network:
+    """``network`` with its input appended to its output, y' = (f(x), x), for a ``joint``
+    query: the input passes each ReLU as relu(x) and relu(-x), exactly, with no rounding
+    of its own."""
+    if network.output != "none":
+        raise SpecError(
+            f"constraints that combine inputs (with each other or with outputs) on a network "
+            f"ending in {network.output} are not supported"
+        )
+    d = network.input_dim
+    eye = np.eye(d)
+    weights, biases = [], []
+    rounding = None if network.rounding is None else []
+    peaks = None if network.peaks is None else []
+    last = len(network.weights) - 1
+    for k, (w, b) in enumerate(zip(network.weights, network.biases, strict=True)):
+        carried = d if k == 0 else 2 * d  # the input's columns into this layer
+        wide = np.zeros((w.shape[0], w.shape[1] + (0 if k == 0 else 2 * d)))
+        wide[:, : w.shape[1]] = w
+        if k == last:
+            through = eye if k == 0 else np.hstack([eye, -eye])
+        else:
+            through = np.vstack([eye, -eye]) if k == 0 else np.eye(2 * d)
+        block = np.zeros((through.shape[0], wide.shape[1]))
+        block[:, wide.shape[1] - carried :] = through
+        weights.append(np.vstack([wide, block]))
+        biases.append(np.concatenate([b, np.zeros(len(block))]))
+        if rounding is not None and network.rounding is not None:
+            r_w, r_b = network.rounding[k]
+            grown = np.zeros((len(weights[-1]), wide.shape[1]))
+            grown[: r_w.shape[0], : r_w.shape[1]] = r_w
+            rounding.append((grown, np.concatenate([r_b, np.zeros(len(block))])))
+        if peaks is not None and network.peaks is not None:
+            p, q = network.peaks[k]
+            peaks.append((np.concatenate([p, np.zeros(wide.shape[1] - len(p))]), q))
+    return replace(
+        Network.from_arrays(list(zip(weights, biases, strict=True))),
+        precision=network.precision,
+        rounding=None if rounding is None else tuple(rounding),
+        peaks=None if peaks is None else tuple(peaks),
     )
 
 
@@ -190,6 +252,8 @@ def safe_set(query: Query) -> tuple[np.ndarray, np.ndarray]:
     is then their negations' conjunction, closed: ``-c y <= -d``)."""
     if len(query.cases) != 1:
         raise SpecError(f"the property has {len(query.cases)} input boxes; one is needed")
+    if query.joint:
+        raise SpecError("constraints that combine inputs cannot be an output spec")
     (case,) = query.cases
     if np.isfinite(case.lower).any() or np.isfinite(case.upper).any():
         raise SpecError(
