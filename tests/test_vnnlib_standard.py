@@ -94,6 +94,14 @@ def test_the_installed_entry_point_answers():
     assert done.stdout.strip() == __version__
 
 
-def test_linear_arithmetic_over_inputs_and_outputs_is_supported(capsys):
-    assert main(["supports", "--arithmetic-complexity-theories"]) == 0
-    assert "LIN" in capsys.readouterr().out.split()
+@pytest.mark.parametrize(
+    ("capability", "theory"),
+    [
+        ("--arithmetic-complexity-theories", "LIN"),
+        ("--hidden-node-theories", "H"),
+        ("--multiple-input-output-theories", "MIO"),
+    ],
+)
+def test_the_theories_answered_are_listed(capsys, capability, theory):
+    assert main(["supports", capability]) == 0
+    assert theory in capsys.readouterr().out.split()

@@ -1,15 +1,20 @@
-"""VNN-LIB 2.0 constraints that combine variables: an output against an input, and a sum
-of inputs (a half-plane of the box), decided over the reals and in float32 and checked
-against a dense grid of the network's outputs."""
+"""VNN-LIB 2.0 theories beyond one input, one output and bounds: constraints that combine
+variables (an output against an input, a sum of inputs), several inputs and outputs, and
+hidden nodes, decided over the reals and in float32 and checked against a dense grid of
+the network's values."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.test_vnnlib_semantics import query_2, solve, values
+from vigil.daemon.cli._standard import main
 from vigil.rules.reach.network import Network, OnnxRunner
 
 GRID = np.stack(np.meshgrid(*[np.linspace(-1.0, 1.0, 801)] * 2), -1).reshape(-1, 2)
@@ -85,3 +90,124 @@ def test_a_combined_constraint_on_a_softmax_network_is_refused(tmp_path, capsys)
     (tmp_path / "m.onnx").write_bytes(net.to_onnx())
     with pytest.raises(AssertionError, match="network ending in softmax"):
         solve(tmp_path, net.to_onnx(), query_2(box, 2, "(>= Y[0,0] X[0,0])"), capsys)
+
+
+def two_in_two_out(seed: int) -> bytes:
+    """Inputs A [1,2] and B [1,1], joined; a ReLU layer whose output is the tensor "h";
+    outputs Y [1,1] and Z [1,2]."""
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Concat", ["A", "B"], ["ab"], axis=1),
+        helper.make_node("Gemm", ["ab", "W1", "b1"], ["z"]),
+        helper.make_node("Relu", ["z"], ["h"]),
+        helper.make_node("Gemm", ["h", "W2", "b2"], ["Y"]),
+        helper.make_node("Gemm", ["h", "W3", "b3"], ["Z"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mio",
+        [
+            helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, 2]),
+            helper.make_tensor_value_info("B", TensorProto.FLOAT, [1, 1]),
+        ],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1]),
+            helper.make_tensor_value_info("Z", TensorProto.FLOAT, [1, 2]),
+        ],
+        [
+            weight("W1", 3, 4),
+            weight("b1", 4),
+            weight("W2", 4, 1),
+            weight("b2", 1),
+            weight("W3", 4, 2),
+            weight("b3", 2),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def mio_query(dtype: str, hidden: bool, *asserts: str) -> str:
+    lines = [
+        "(vnnlib-version <2.0>)",
+        "(declare-network net",
+        f"  (declare-input A {dtype} [1,2])",
+        f"  (declare-input B {dtype} [1,1])",
+        *([f'  (declare-hidden H {dtype} [1,4] "h")'] if hidden else []),
+        f"  (declare-output Y {dtype} [1,1])",
+        f"  (declare-output Z {dtype} [1,2]))",
+        "(assert (>= A[0,0] -1.0)) (assert (<= A[0,0] 1.0))",
+        "(assert (>= A[0,1] -1.0)) (assert (<= A[0,1] 1.0))",
+        "(assert (>= B[0,0] -1.0)) (assert (<= B[0,0] 1.0))",
+    ]
+    return "\n".join([*lines, *(f"(assert {a})" for a in asserts)]) + "\n"
+
+
+CUBE = np.stack(np.meshgrid(*[np.linspace(-1.0, 1.0, 61)] * 3), -1).reshape(-1, 3)
+
+
+@pytest.mark.parametrize("dtype", ["real", "float32"])
+@pytest.mark.parametrize("target", ["Z[0,1] - Y[0,0]", "H[0,2]"])
+def test_several_inputs_outputs_and_a_hidden_node(tmp_path, capsys, dtype, target):
+    """A constraint on two outputs, or on a hidden node: `sat` just below the grid's best
+    (the assignment printed in declaration order, each value onnxruntime's), `unsat`
+    above it by more than the grid can miss."""
+    model = two_in_two_out(7)
+    w = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load_model_from_string(model).graph.initializer
+    }
+    h = np.maximum(CUBE @ w["W1"] + w["b1"], 0.0)  # the graph's arithmetic, in numpy
+    y, z = h @ w["W2"] + w["b2"], h @ w["W3"] + w["b3"]
+    best = float((z[:, 1] - y[:, 0]).max() if target.startswith("Z") else h[:, 2].max())
+    term = "(- Z[0,1] Y[0,0])" if target.startswith("Z") else "H[0,2]"
+    slope = float(np.abs(w["W1"]).sum(axis=0).max()) * (
+        1.0 + float(np.abs(w["W2"]).sum() + np.abs(w["W3"]).sum())
+    )
+    slack = slope * 2.0 / 60
+    for threshold, answer in ((best - 0.05, "sat"), (best + slack + 0.01, "unsat")):
+        text = mio_query(dtype, True, f"(>= {term} {threshold!r})")
+        (tmp_path / "m.onnx").write_bytes(model)
+        (tmp_path / "q.vnnlib").write_text(text)
+        args = ["verify", str(tmp_path / "q.vnnlib"), "--network", f"net={tmp_path / 'm.onnx'}"]
+        assert main([*args, "--timeout", "30"]) == 0, capsys.readouterr().err
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == answer, (threshold, lines)
+        if answer == "sat":
+            heads = [line for line in lines[1:] if not line[0].isdigit() and line[0] != "-"]
+            assert heads == [
+                f"A {dtype} [1,2]",
+                f"B {dtype} [1,1]",
+                f"H {dtype} [1,4]",
+                f"Y {dtype} [1,1]",
+                f"Z {dtype} [1,2]",
+            ]
+            numbers = [float(line) for line in lines[1:] if line not in heads]
+            x = np.array(numbers[:3])
+            reference = node_by_node_outputs(model, x[None], ("h",))[0]
+            # printed: H (4), Y (1), Z (2); computed: Y, Z, then h
+            assert numbers[3:7] == reference[3:].tolist()
+            assert numbers[7:] == reference[:3].tolist()
+            value = reference[2] - reference[0] if target.startswith("Z") else reference[5]
+            assert value >= threshold
+
+
+def node_by_node_outputs(model: bytes, x: np.ndarray, hidden: tuple[str, ...]) -> np.ndarray:
+    """Y, Z, then the hidden tensors, from onnxruntime on the rows of x (A then B)."""
+    proto = onnx.load_model_from_string(model)
+    proto.graph.output.extend(helper.make_empty_tensor_value_info(h) for h in hidden)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    rows = []
+    for point in x.astype(np.float32):
+        out = session.run(None, {"A": point[None, :2], "B": point[None, 2:]})
+        rows.append(np.concatenate([np.ravel(o) for o in out]).astype(np.float64))
+    return np.array(rows)

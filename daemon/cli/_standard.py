@@ -38,8 +38,8 @@ CAPABILITIES = {
     "onnx-element-types": ["real", *PRECISIONS],
     "onnx-operators": sorted(set(CONVERTERS) | FOLDED),
     "vnnlib-versions": ["1.0", "2.0"],
-    "hidden-node-theories": ["NH"],
-    "multiple-input-output-theories": ["SIO"],
+    "hidden-node-theories": ["NH", "H"],
+    "multiple-input-output-theories": ["SIO", "MIO"],
     "multiple-network-theories": ["SNET"],
     "multiple-node-comparison-theories": ["SNC", "MNC"],
     "arithmetic-complexity-theories": ["BND", "OUTC", "LIN"],
@@ -119,14 +119,17 @@ def _network(query: Query, given: list[str]) -> Path:
 
 
 def assignment(query: Query, verdict: Verdict) -> str:
-    """Every declared variable of a counterexample, as the standard prints them."""
+    """Every declared variable of a counterexample in declaration order, as the standard
+    prints them: inputs from X; outputs, then hidden nodes, from Y."""
     assert verdict.x is not None and verdict.y is not None
-    values = np.concatenate([verdict.x, verdict.y])
-    lines, at = [], 0
+    outputs = sum(int(np.prod(v.shape)) for v in query.variables if v.role == "output")
+    at = {"input": 0, "output": 0, "hidden": outputs}
+    lines = []
     for v in query.variables:
         size = int(np.prod(v.shape))
+        source = verdict.x if v.role == "input" else verdict.y
         dims = ",".join(str(d) for d in v.shape)
         lines.append(f"{v.name} {v.dtype} [{dims}]")
-        lines += [repr(float(value)) for value in values[at : at + size]]
-        at += size
+        lines += [repr(float(value)) for value in source[at[v.role] : at[v.role] + size]]
+        at[v.role] += size
     return "\n".join(lines) + "\n"

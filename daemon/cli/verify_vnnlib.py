@@ -62,7 +62,7 @@ def solve(
     ``memory_limit``."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
-    network, runner = load_for(model, query.element_type)
+    network, runner = load_for(model, query.element_type, query.hidden)
     outputs = query.outputs - (query.inputs if query.joint else 0)
     if query.inputs != network.input_dim or outputs != network.output_dim:
         raise ValueError(

@@ -27,7 +27,16 @@ from onnx import helper, numpy_helper
 from vigil.rules.graph.folding import FOLDED, fold
 from vigil.rules.graph.ops import CONVERTERS, Node
 from vigil.rules.graph.precision import ONNX_TYPES, Precision, Tracked
-from vigil.rules.graph.values import Affine, UnsupportedModel, Value, add, lift, scale
+from vigil.rules.graph.values import (
+    Affine,
+    UnsupportedModel,
+    Value,
+    add,
+    concatenate,
+    lift,
+    linear,
+    scale,
+)
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
 
@@ -54,27 +63,43 @@ def element_type(model: onnx.ModelProto) -> str:
     return ONNX_TYPES.get(number, onnx.TensorProto.DataType.Name(number).lower())
 
 
-def import_graph(model: onnx.ModelProto, precision: Precision | None = None) -> Imported:
+def import_graph(
+    model: onnx.ModelProto, precision: Precision | None = None, hidden: tuple[str, ...] = ()
+) -> Imported:
     """The network an ONNX model computes, with its rounding bounds in ``precision`` when
-    given; ``UnsupportedModel`` names what it cannot read."""
+    given; ``UnsupportedModel`` names what it cannot read.
+
+    Several graph inputs are one input vector, their flattened values in the graph's
+    order; several outputs likewise one output vector, followed by the ``hidden`` tensors
+    (names of tensors computed inside the graph) in the order given."""
     graph = model.graph
     arrays = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     consts = {name: a.astype(np.float64) for name, a in arrays.items()}
     inputs = [i for i in graph.input if i.name not in consts]  # weights listed as inputs too
-    if len(inputs) != 1:
-        raise UnsupportedModel(f"expected one graph input, found {[i.name for i in inputs]}")
-    if len(graph.output) != 1:
-        raise UnsupportedModel(f"expected one graph output, found {len(graph.output)}")
-    declared = _shape(inputs[0])
-    builder = _Builder(declared, graph, consts, precision)
+    if not inputs:
+        raise UnsupportedModel("the graph has no input")
+    produced = {o for n in graph.node for o in n.output}
+    unknown = [name for name in hidden if name not in produced]
+    if unknown:
+        raise UnsupportedModel(f"hidden node {unknown[0]!r} is not a tensor the graph computes")
+    builder = _Builder(graph, consts, precision)
     builder.kinds.update({name: a.dtype for name, a in arrays.items()})
-    builder.env[inputs[0].name] = builder.input_value()
+    for info, value in zip(inputs, builder.input_values([_shape(i) for i in inputs]), strict=True):
+        builder.env[info.name] = value
+    names = [o.name for o in graph.output] + list(hidden)
+    builder.uses.update(hidden)  # kept, and carried through the ReLUs after them
     for index, proto in enumerate(graph.node):
         builder.convert(proto, proto.name or f"#{index}")
-    result = builder.env.get(graph.output[0].name)
-    if not isinstance(result, Affine):
+    results = [builder.env.get(name) for name in names]
+    if not any(isinstance(r, Affine) for r in results):
         raise UnsupportedModel("the graph output does not depend on its input")
-    layers = builder.finish(result)
+    if builder.output != "none" and len(names) > 1:
+        raise UnsupportedModel(
+            f"an output {builder.output} with several outputs or hidden nodes is not supported"
+        )
+    neurons = next(r for r in results if isinstance(r, Affine)).neurons
+    flat = [linear(lift(r, neurons), _flatten) for r in results]  # type: ignore[arg-type]
+    layers = builder.finish(concatenate(flat, 0))  # type: ignore[arg-type]
     tracked = builder.precision
     if tracked is None:
         return Imported(layers, builder.output)
@@ -85,13 +110,8 @@ class _Builder:
     """The chain built so far, the tensors of the graph, and how often each is still used."""
 
     def __init__(
-        self,
-        shape: tuple[int | str, ...],
-        graph: onnx.GraphProto,
-        consts: dict[str, np.ndarray],
-        precision: Precision | None,
+        self, graph: onnx.GraphProto, consts: dict[str, np.ndarray], precision: Precision | None
     ) -> None:
-        self.shape = tuple(d if isinstance(d, int) else 1 for d in shape)
         self.precision = None if precision is None else Tracked(precision)
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
         self.rounding: list[tuple[np.ndarray, np.ndarray]] = []
@@ -101,9 +121,16 @@ class _Builder:
         self.uses = Counter(i for n in graph.node for i in n.input if i)
         self.uses.update(o.name for o in graph.output)
 
-    def input_value(self) -> Affine:
-        width = int(np.prod(self.shape))
-        return Affine(np.eye(width).reshape(width, *self.shape), np.zeros(self.shape))
+    def input_values(self, shapes: list[tuple[int | str, ...]]) -> list[Affine]:
+        """Each input as its slice of the one input vector (a free batch dimension is 1)."""
+        fixed = [tuple(d if isinstance(d, int) else 1 for d in shape) for shape in shapes]
+        sizes = [int(np.prod(shape)) for shape in fixed]
+        eye = np.eye(sum(sizes))
+        starts = np.cumsum([0, *sizes])
+        return [
+            Affine(eye[:, a:b].reshape(-1, *shape), np.zeros(shape))
+            for a, b, shape in zip(starts[:-1], starts[1:], fixed, strict=True)
+        ]
 
     def convert(self, proto: onnx.NodeProto, name: str) -> None:
         if self.output != "none":
@@ -255,6 +282,11 @@ class _Builder:
         out = np.zeros((width, m))
         out[:m] = np.eye(m)
         return Affine(out.reshape(width, *value.shape), np.zeros(value.shape))
+
+
+def _flatten(t: np.ndarray) -> np.ndarray:
+    """A batch of tensors as a batch of vectors."""
+    return t.reshape(len(t), -1)
 
 
 def _difference_error(a: Value, b: Affine, neurons: int) -> Affine | None:

@@ -84,9 +84,15 @@ class Network:
         )
 
     @classmethod
-    def from_onnx(cls, source: bytes | str | Path, precision: Precision | None = None) -> Network:
+    def from_onnx(
+        cls,
+        source: bytes | str | Path,
+        precision: Precision | None = None,
+        hidden: tuple[str, ...] = (),
+    ) -> Network:
         """The ReLU network an ONNX graph computes (``vigil.rules.graph``), with its
-        rounding bounds in ``precision`` when given; an operator it cannot read is named in
+        rounding bounds in ``precision`` when given, and the ``hidden`` tensors as outputs
+        after the graph's own; an operator it cannot read is named in
         ``UnsupportedModel``."""
         try:
             model = (
@@ -96,7 +102,7 @@ class Network:
             )
         except DecodeError as e:
             raise UnsupportedModel(f"not an ONNX model: the protobuf does not parse ({e})") from e
-        imported = import_graph(model, precision)
+        imported = import_graph(model, precision, hidden)
         network = cls.from_arrays(imported.layers, imported.output)
         if imported.rounding is None or imported.peaks is None:
             return network
@@ -197,12 +203,23 @@ _INPUT_TYPES = {"tensor(double)": np.float64, "tensor(float16)": np.float16}
 
 class OnnxRunner:
     """onnxruntime session for a model, fed float64 batches in the model's own dtype and
-    shape. ``node_by_node`` turns graph optimizations off, so every node runs as its own
-    kernel in the model's type (no fused or pre-computed weights): the evaluation whose
-    rounding the importer bounds."""
+    shape: each row is every input's values, flattened and joined in the graph's order,
+    and each result row every output's values so joined, then the ``hidden`` tensors'.
+    ``node_by_node`` turns graph optimizations off, so every node runs as its own kernel in
+    the model's type (no fused or pre-computed weights): the evaluation whose rounding the
+    importer bounds."""
 
-    def __init__(self, source: bytes | str | Path, node_by_node: bool = False) -> None:
+    def __init__(
+        self,
+        source: bytes | str | Path,
+        node_by_node: bool = False,
+        hidden: tuple[str, ...] = (),
+    ) -> None:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        if hidden:
+            model = onnx.load_model_from_string(data)
+            model.graph.output.extend(helper.make_empty_tensor_value_info(h) for h in hidden)
+            data = model.SerializeToString()
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         if node_by_node:
@@ -210,26 +227,36 @@ class OnnxRunner:
         self._session = ort.InferenceSession(
             data, sess_options=options, providers=["CPUExecutionProvider"]
         )
-        inp = self._session.get_inputs()[0]
-        self._name = inp.name
-        self._dtype = _INPUT_TYPES.get(inp.type, np.float32)
-        self._shape = [d if isinstance(d, int) else -1 for d in inp.shape]
-        # a model exported for a fixed batch (VNN-COMP's of one row), or with a 1-D input:
+        inputs = self._session.get_inputs()
+        self._names = [i.name for i in inputs]
+        self._types = [_INPUT_TYPES.get(i.type, np.float32) for i in inputs]
+        self._shapes = [[d if isinstance(d, int) else 1 for d in i.shape] for i in inputs]
+        self._cuts = np.cumsum([0, *(int(np.prod(shape)) for shape in self._shapes)])
+        # models exported for a fixed batch (VNN-COMP's of one row), or with a 1-D input:
         # each point is one whole input, run one by one
-        self._single = len(inp.shape) == 1 or isinstance(inp.shape[0], int)
+        self._batched = all(len(i.shape) > 1 and not isinstance(i.shape[0], int) for i in inputs)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        batch = np.asarray(x, dtype=self._dtype)
+        batch = np.asarray(x, dtype=np.float64)
         n = batch.shape[0]
-        if self._single:
-            shape = [-1] if len(self._shape) == 1 else self._shape
-            out = [self._run(row.reshape(shape)) for row in batch]
-            return np.asarray(out, dtype=np.float64).reshape(n, -1)
-        return self._run(batch.reshape([n, *self._shape[1:]])).reshape(n, -1)
+        parts = [batch[:, a:b] for a, b in zip(self._cuts[:-1], self._cuts[1:], strict=True)]
+        if self._batched:
+            return self._run(
+                [p.reshape(n, *s[1:]) for p, s in zip(parts, self._shapes, strict=True)], n
+            )
+        rows = [
+            self._run([p[k].reshape(s) for p, s in zip(parts, self._shapes, strict=True)], 1)
+            for k in range(n)
+        ]
+        return np.vstack(rows) if rows else np.zeros((0, 0))
 
-    def _run(self, batch: np.ndarray) -> np.ndarray:
-        (out,) = self._session.run(None, {self._name: batch})
-        return np.asarray(out, dtype=np.float64)
+    def _run(self, parts: list[np.ndarray], n: int) -> np.ndarray:
+        feeds = {
+            name: part.astype(kind)
+            for name, part, kind in zip(self._names, parts, self._types, strict=True)
+        }
+        outputs = self._session.run(None, feeds)
+        return np.hstack([np.asarray(o, dtype=np.float64).reshape(n, -1) for o in outputs])
 
 
 def check_agreement(

@@ -71,12 +71,13 @@ class Case:
 
 @dataclass(frozen=True)
 class Variable:
-    """A declared input or output: its name, element type (``real``, ``float32``, ...) and
-    shape (``()`` for a VNN-LIB 1.0 scalar)."""
+    """A declared input, output or hidden node: its name, element type (``real``,
+    ``float32``, ...), shape (``()`` for a VNN-LIB 1.0 scalar) and role."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
+    role: str = "input"
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +94,9 @@ class Query:
     joint: bool = False
     """The rows range over (y, x): ``outputs`` then counts the network's outputs plus its
     inputs."""
+    hidden: tuple[str, ...] = ()
+    """The graph tensors of the hidden nodes the query constrains: Y holds the network's
+    outputs, then these."""
 
     @property
     def element_type(self) -> str:

@@ -47,11 +47,12 @@ def rounding_noise(network: Network, lo: np.ndarray, hi: np.ndarray) -> Network:
 
 
 def load_for(
-    source: bytes | str | Path, arithmetic: str, seed: int = 0
+    source: bytes | str | Path, arithmetic: str, hidden: tuple[str, ...] = (), seed: int = 0
 ) -> tuple[Network, OnnxRunner]:
     """A model to be analysed in ``arithmetic``: ``real``, or a floating-point type
     (``PRECISIONS``) that must be its input's type. For a floating-point type the network
-    carries its rounding bounds and onnxruntime evaluates it node by node.
+    carries its rounding bounds and onnxruntime evaluates it node by node. The ``hidden``
+    tensors follow the outputs, in the network and in onnxruntime's results.
 
     On random inputs onnxruntime must agree with the loaded network: within 1e-4, or
     within the bounds the rounding of the model's own type allows at that input (a model
@@ -68,7 +69,7 @@ def load_for(
         raise ValueError(f"the query declares {arithmetic} tensors, the model's input is {own}")
     rng = np.random.default_rng(seed)
     if arithmetic == "real":
-        network, runner = Network.from_onnx(data), OnnxRunner(data)
+        network, runner = Network.from_onnx(data, hidden=hidden), OnnxRunner(data, hidden=hidden)
         probe = rng.uniform(-1.0, 1.0, size=(32, network.input_dim))
         try:
             check_agreement(network, runner, probe)
@@ -76,13 +77,14 @@ def load_for(
         except UnsupportedModel:
             if own not in PRECISIONS:
                 raise
-    computed = Network.from_onnx(data, PRECISIONS[own])
+    computed = Network.from_onnx(data, PRECISIONS[own], hidden)
     probe = rng.uniform(-1.0, 1.0, size=(32, computed.input_dim))
     probe = probe.astype(PRECISIONS[own].dtype).astype(np.float64)
-    check_enclosure(computed, OnnxRunner(data, node_by_node=True), probe)
+    exact = OnnxRunner(data, node_by_node=True, hidden=hidden)
+    check_enclosure(computed, exact, probe)
     if arithmetic == "real":
         return network, runner
-    return computed, OnnxRunner(data, node_by_node=True)
+    return computed, exact
 
 
 def check_enclosure(network: Network, runner: OnnxRunner, points: np.ndarray) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,9 @@ def _parse_v1(text: str, boxed: bool) -> Query:
         raise SpecError("the property asserts nothing")
     reader = _V1(sizes["X"], sizes["Y"])
     variables = tuple(
-        Variable(f"{kind}_{i}", "real", ()) for kind in "XY" for i in range(sizes[kind])
+        Variable(f"{kind}_{i}", "real", (), "input" if kind == "X" else "output")
+        for kind in "XY"
+        for i in range(sizes[kind])
     )
     clauses = _product([reader.dnf(a) for a in asserts])
     return query_from_clauses(clauses, sizes["X"], sizes["Y"], None, variables, boxed, V1_TOLERANCE)
@@ -253,14 +256,16 @@ def _parse_v2(text: str, boxed: bool) -> Query:
     if len(parsed.networks) != 1:
         raise SpecError(f"one network is supported, the query declares {len(parsed.networks)}")
     network = parsed.networks[0]
-    if len(network.inputs) != 1 or len(network.outputs) != 1:
-        raise SpecError("one input and one output tensor are supported")
-    if network.hidden:
-        raise SpecError("constraints on hidden nodes (declare-hidden) are not supported")
-    x, y = network.inputs[0], network.outputs[0]
-    shapes = {x.name: tuple(x.shape), y.name: tuple(y.shape)}
-    sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
-    inputs, outputs = sizes[x.name], sizes[y.name]
+    # X: the inputs flattened and joined in declaration order; Y: the outputs so joined,
+    # then the hidden nodes (the order the importer gives them)
+    shapes, place = {}, {}
+    inputs = outputs = 0
+    for v in network.inputs:
+        shapes[v.name], place[v.name] = tuple(v.shape), (True, inputs)
+        inputs += int(np.prod(v.shape))
+    for v in [*network.outputs, *network.hidden]:
+        shapes[v.name], place[v.name] = tuple(v.shape), (False, outputs)
+        outputs += int(np.prod(v.shape))
 
     def linear(expr) -> tuple[np.ndarray, np.ndarray, float]:
         a_x, a_y = np.zeros(inputs), np.zeros(outputs)
@@ -268,9 +273,10 @@ def _parse_v2(text: str, boxed: bool) -> Query:
         for term in linear_expr.terms:
             var = term.var
             if var.name not in shapes:
-                raise SpecError(f"{var.name} is neither the input nor the output")
-            flat = int(np.ravel_multi_index(tuple(var.indices), shapes[var.name]))
-            (a_x if var.name == x.name else a_y)[flat] += term.coeff
+                raise SpecError(f"{var.name} is not a variable of network {network.name}")
+            is_input, start = place[var.name]
+            flat = start + int(np.ravel_multi_index(tuple(var.indices), shapes[var.name]))
+            (a_x if is_input else a_y)[flat] += term.coeff
         return a_x, a_y, float(linear_expr.constant)
 
     ops = {
@@ -294,8 +300,20 @@ def _parse_v2(text: str, boxed: bool) -> Query:
         dnfs.append(clauses)
     if not dnfs:
         raise SpecError("the property asserts nothing")
-    variables = tuple(Variable(v.name, _dtype(v.dtype), tuple(v.shape)) for v in (x, y))
-    return query_from_clauses(_product(dnfs), inputs, outputs, network.name, variables, boxed)
+    variables = tuple(
+        Variable(v.name, _dtype(v.dtype), tuple(v.shape), role)
+        for role, declared in (
+            ("input", network.inputs),
+            ("hidden", network.hidden),
+            ("output", network.outputs),
+        )
+        for v in declared
+    )
+    hidden = tuple(str(v.onnx_name).strip('"') for v in network.hidden)
+    return replace(
+        query_from_clauses(_product(dnfs), inputs, outputs, network.name, variables, boxed),
+        hidden=hidden,
+    )
 
 
 def _dtype(dtype: vnnlib.DType) -> str:
