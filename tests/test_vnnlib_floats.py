@@ -318,3 +318,42 @@ def test_the_precisions_are_the_ieee_formats():
     for name, p in PRECISIONS.items():
         info = np.finfo(p.dtype)
         assert p.unit == info.eps / 2 and p.tiny == info.smallest_normal, name
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_float32_query_through_every_operator_is_decided(tmp_path, capsys, seed):
+    """The rich graph (Conv, BatchNormalization, AveragePool, Gemm, MatMul, elementwise
+    arithmetic, ReduceSum, Concat, a float16 round trip): `sat` just below the best of
+    2,000 float32 samples, exact in onnxruntime; `unsat` just above the rounding bounds
+    over the box, and no sample above it."""
+    model = rich_model(seed, 1.0)
+    session = node_by_node(model)
+    rng = np.random.default_rng(seed)
+    centre = rng.uniform(-1.0, 1.0, 32)
+    lo, hi = centre - 0.05, centre + 0.05
+    samples = (lo + (hi - lo) * rng.random((2000, 32))).astype(np.float32)
+    outputs = np.vstack([session.run(None, {"X": s.reshape(1, 2, 4, 4)})[0] for s in samples])
+    network, _ = load_for(model, "float32")
+    noisy = rounding_noise(network, lo[None], hi[None])
+    ceiling = float(output_bounds(noisy, lo[None], hi[None], np.eye(5)[:1]).upper[0, 0])
+    box = [(repr(float(a)), repr(float(b))) for a, b in zip(lo, hi, strict=True)]
+    for threshold, answer in (
+        (float(outputs[:, 0].max()) - 0.01, "sat"),
+        (ceiling + 0.01, "unsat"),
+    ):
+        text = query_2(box, 5, f"(>= Y[0,0] {threshold!r})", inputs=32, dtype="float32")
+        text = text.replace("[1,32]", "[1,2,4,4]")
+        for k in reversed(range(32)):
+            c, h, w = np.unravel_index(k, (2, 4, 4))
+            text = text.replace(f"X[0,{k}]", f"X[0,{c},{h},{w}]")
+        lines = solve(tmp_path, model, text, capsys, timeout="60")
+        assert lines[0] == answer
+        if answer == "sat":
+            x_text, y_text = values(lines, 32, 5)
+            x = np.array([float(v) for v in x_text], dtype=np.float32)
+            assert np.all((x.astype(np.float64) >= lo) & (x.astype(np.float64) <= hi))
+            (y,) = session.run(None, {"X": x.reshape(1, 2, 4, 4)})
+            assert [float(v) for v in y[0]] == [float(v) for v in y_text]
+            assert y[0, 0] >= threshold
+        else:
+            assert outputs[:, 0].max() < threshold
