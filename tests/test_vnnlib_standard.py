@@ -100,6 +100,7 @@ def test_the_installed_entry_point_answers():
         ("--arithmetic-complexity-theories", "LIN"),
         ("--hidden-node-theories", "H"),
         ("--multiple-input-output-theories", "MIO"),
+        ("--multiple-network-theories", "MENET"),
     ],
 )
 def test_the_theories_answered_are_listed(capsys, capability, theory):

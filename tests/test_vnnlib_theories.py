@@ -211,3 +211,87 @@ def node_by_node_outputs(model: bytes, x: np.ndarray, hidden: tuple[str, ...]) -
         out = session.run(None, {"A": point[None, :2], "B": point[None, 2:]})
         rows.append(np.concatenate([np.ravel(o) for o in out]).astype(np.float64))
     return np.array(rows)
+
+
+def two_networks_query(dtype: str, same_input: bool, relation: str, equal: bool = False) -> str:
+    lines = [
+        "(vnnlib-version <2.0>)",
+        f"(declare-network f (declare-input A {dtype} [1,2]) (declare-output B {dtype} [1,1]))",
+        "(declare-network g "
+        + ("(equal-to f) " if equal else "")
+        + f"(declare-input C {dtype} [1,2]) (declare-output D {dtype} [1,1]))",
+    ]
+    for name in ("A", "C"):
+        for i in range(2):
+            lines.append(f"(assert (>= {name}[0,{i}] -1.0)) (assert (<= {name}[0,{i}] 1.0))")
+    if same_input:
+        lines.append("(assert (== A[0,0] C[0,0])) (assert (== C[0,1] A[0,1]))")
+    lines.append(f"(assert {relation})")
+    return "\n".join(lines) + "\n"
+
+
+def single_output(seed: int) -> Network:
+    rng = np.random.default_rng(seed)
+    return Network.from_arrays(
+        [
+            (rng.normal(size=(8, 2)), rng.normal(size=8)),
+            (rng.normal(size=(1, 8)), rng.normal(size=1)),
+        ]
+    )
+
+
+@pytest.mark.parametrize("dtype", ["real", "float32"])
+@pytest.mark.parametrize("same_input", [True, False])
+def test_two_networks_compared(tmp_path, capsys, dtype, same_input):
+    """Teacher and student on the same input (the equalities make them read one input),
+    or each on its own: the largest B - D over a grid, `sat` just below it with both
+    networks' outputs as onnxruntime computes them, `unsat` above it."""
+    f, g = single_output(1), single_output(2)
+    (tmp_path / "f.onnx").write_bytes(f.to_onnx())
+    (tmp_path / "g.onnx").write_bytes(g.to_onnx())
+    if same_input:
+        gap = f.forward(GRID)[:, 0] - g.forward(GRID)[:, 0]
+        best, slack = float(gap.max()), (lipschitz(f) + lipschitz(g)) * SPACING
+    else:
+        best = float(f.forward(GRID)[:, 0].max() - g.forward(GRID)[:, 0].min())
+        slack = (lipschitz(f) + lipschitz(g)) * SPACING
+    args = ["--network", f"f={tmp_path / 'f.onnx'}", "--network", f"g={tmp_path / 'g.onnx'}"]
+    for threshold, answer in ((best - 0.05, "sat"), (best + slack + 0.01, "unsat")):
+        query = tmp_path / "q.vnnlib"
+        query.write_text(
+            two_networks_query(dtype, same_input, f"(>= (- B[0,0] D[0,0]) {threshold!r})")
+        )
+        assert main(["verify", str(query), *args, "--timeout", "30"]) == 0, capsys.readouterr().err
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == answer, (threshold, lines)
+        if answer == "sat":
+            assert [lines[k] for k in (1, 4, 6, 9)] == [
+                f"A {dtype} [1,2]",
+                f"B {dtype} [1,1]",
+                f"C {dtype} [1,2]",
+                f"D {dtype} [1,1]",
+            ]
+            a = np.array([float(v) for v in lines[2:4]])
+            b = float(lines[5])
+            c = np.array([float(v) for v in lines[7:9]])
+            d = float(lines[10])
+            if same_input:
+                assert np.array_equal(a, c)
+            assert b == OnnxRunner(f.to_onnx(), node_by_node=True)(a[None])[0, 0]
+            assert d == OnnxRunner(g.to_onnx(), node_by_node=True)(c[None])[0, 0]
+            assert b - d >= threshold
+
+
+@pytest.mark.parametrize("dtype", ["real", "float32"])
+def test_a_network_equal_to_another_needs_no_file(tmp_path, capsys, dtype):
+    """f and its declared copy on one input: B - D is 0 exactly, also in float32, so it
+    reaches 0 and never 0.01."""
+    f = single_output(3)
+    (tmp_path / "f.onnx").write_bytes(f.to_onnx())
+    for threshold, answer in (("0.0", "sat"), ("0.01", "unsat")):
+        query = tmp_path / "q.vnnlib"
+        relation = f"(>= (- B[0,0] D[0,0]) {threshold})"
+        query.write_text(two_networks_query(dtype, True, relation, equal=True))
+        args = ["verify", str(query), "--network", f"f={tmp_path / 'f.onnx'}", "--timeout", "30"]
+        assert main(args) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.splitlines()[0] == answer

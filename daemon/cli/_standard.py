@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from vigil import __version__
 from vigil.daemon.cli.verify_vnnlib import solve
 from vigil.rules.graph import CONVERTERS
 from vigil.rules.graph.folding import FOLDED
+from vigil.rules.graph.merge import merge
 from vigil.rules.graph.precision import PRECISIONS
 from vigil.rules.reach.complete import Verdict
 from vigil.rules.reach.query import Query
@@ -40,7 +42,7 @@ CAPABILITIES = {
     "vnnlib-versions": ["1.0", "2.0"],
     "hidden-node-theories": ["NH", "H"],
     "multiple-input-output-theories": ["SIO", "MIO"],
-    "multiple-network-theories": ["SNET"],
+    "multiple-network-theories": ["SNET", "MNET", "MENET", "MINET"],
     "multiple-node-comparison-theories": ["SNC", "MNC"],
     "arithmetic-complexity-theories": ["BND", "OUTC", "LIN"],
     "optimised-disjunctive-reasoning": ["true"],
@@ -105,31 +107,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _network(query: Query, given: list[str]) -> Path:
-    """The ONNX file for the query's one network."""
-    if len(given) != 1:
-        raise ValueError(f"one --network is needed for the query's one network, got {len(given)}")
-    name, sep, path = given[0].rpartition("=")
-    if sep and query.network is not None and name != query.network:
-        raise ValueError(f"--network names {name!r}, the query declares {query.network!r}")
-    model = Path(path if sep else given[0])
-    if not model.is_file():
-        raise ValueError(f"--network {given[0]}: no such file")
-    return model
+def _network(query: Query, given: list[str]) -> Path | bytes:
+    """The ONNX file of the query's network, or for several networks one model merging
+    them (``rules/graph/merge.py``); a network ``equal-to`` another needs no file."""
+    declared = [name for name, _ in query.networks] or [query.network or "network"]
+    sources = {name: equal for name, equal in query.networks if equal}
+    needed = [name for name in declared if name not in sources]
+    files: dict[str, Path] = {}
+    for text in given:
+        name, sep, path = text.rpartition("=")
+        if not sep and len(needed) == 1:
+            name = needed[0]
+        if name not in needed:
+            raise ValueError(f"--network names {name!r}, the query declares {needed}")
+        files[name] = Path(path if sep else text)
+        if not files[name].is_file():
+            raise ValueError(f"--network {text}: no such file")
+    missing = [name for name in needed if name not in files]
+    if missing:
+        raise ValueError(f"no --network NAME=MODEL.onnx for {', '.join(map(repr, missing))}")
+    if len(declared) == 1:
+        return files[declared[0]]
+
+    def source(name: str) -> Path:
+        return files[name] if name in files else source(sources[name])
+
+    models = [(name, onnx.load(str(source(name)))) for name in declared]
+    return merge(models, query.aliases).SerializeToString()
 
 
 def assignment(query: Query, verdict: Verdict) -> str:
     """Every declared variable of a counterexample in declaration order, as the standard
-    prints them: inputs from X; outputs, then hidden nodes, from Y."""
+    prints them: inputs from X, outputs and hidden nodes from Y."""
     assert verdict.x is not None and verdict.y is not None
-    outputs = sum(int(np.prod(v.shape)) for v in query.variables if v.role == "output")
-    at = {"input": 0, "output": 0, "hidden": outputs}
     lines = []
     for v in query.variables:
         size = int(np.prod(v.shape))
         source = verdict.x if v.role == "input" else verdict.y
         dims = ",".join(str(d) for d in v.shape)
         lines.append(f"{v.name} {v.dtype} [{dims}]")
-        lines += [repr(float(value)) for value in source[at[v.role] : at[v.role] + size]]
-        at[v.role] += size
+        lines += [repr(float(value)) for value in source[v.offset : v.offset + size]]
     return "\n".join(lines) + "\n"

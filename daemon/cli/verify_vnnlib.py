@@ -50,14 +50,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def solve(
-    model: Path,
+    model: Path | bytes,
     query: Query,
     timeout: float,
     started: float,
     progress: Callable[[dict[str, int]], None] | None = None,
     memory_limit: int = DEFAULT_MEMORY,
 ) -> Verdict:
-    """Load and check the model, then decide the query; the time already spent since
+    """Load and check the model (a file, or a merged model's bytes), then decide the
+    query; the time already spent since
     ``started`` counts against ``timeout``, the memory the process holds then against
     ``memory_limit``."""
     if not timeout > 0:
@@ -67,7 +68,8 @@ def solve(
     if query.inputs != network.input_dim or outputs != network.output_dim:
         raise ValueError(
             f"the property is over {query.inputs} inputs and {outputs} outputs, "
-            f"{model.name} has {network.input_dim} and {network.output_dim}"
+            f"{'the networks have' if isinstance(model, bytes) else model.name + ' has'} "
+            f"{network.input_dim} and {network.output_dim}"
         )
     confirm: Callable[[np.ndarray], np.ndarray] = runner
     if query.joint:  # rows over (y, x): the network and its evaluator give both
@@ -134,9 +136,13 @@ def run(args: argparse.Namespace) -> int:
     started = args.started
     if not args.model.is_file():
         raise ValueError(f"{args.model}: no such file")
-    verdict = solve(
-        args.model, read_query(args.spec), args.timeout, started, _progress, args.memory_limit
-    )
+    query = read_query(args.spec)
+    if len(query.networks) > 1:
+        raise ValueError(
+            f"the property declares {len(query.networks)} networks: give each its model with "
+            "vigil-vnnlib verify QUERY --network NAME=MODEL.onnx ..."
+        )
+    verdict = solve(args.model, query, args.timeout, started, _progress, args.memory_limit)
     if verdict.result in ("timeout", "unknown"):
         print(
             f"vigil verify vnnlib: {verdict.result} after {verdict.seconds:.1f} s "

@@ -78,6 +78,8 @@ class Variable:
     dtype: str
     shape: tuple[int, ...]
     role: str = "input"
+    offset: int = 0
+    """Where its values start in X (an input) or Y (an output or hidden node)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,6 +99,11 @@ class Query:
     hidden: tuple[str, ...] = ()
     """The graph tensors of the hidden nodes the query constrains: Y holds the network's
     outputs, then these."""
+    networks: tuple[tuple[str, str], ...] = ()
+    """Each declared network's name and the network it is ``equal-to`` ("" if none)."""
+    aliases: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = ()
+    """Inputs equated element by element: (network, input position) of the earlier
+    input, then of the later one, which reads the earlier's values."""
 
     @property
     def element_type(self) -> str:

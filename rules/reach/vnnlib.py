@@ -101,7 +101,7 @@ def _parse_v1(text: str, boxed: bool) -> Query:
         raise SpecError("the property asserts nothing")
     reader = _V1(sizes["X"], sizes["Y"])
     variables = tuple(
-        Variable(f"{kind}_{i}", "real", (), "input" if kind == "X" else "output")
+        Variable(f"{kind}_{i}", "real", (), "input" if kind == "X" else "output", i)
         for kind in "XY"
         for i in range(sizes[kind])
     )
@@ -253,19 +253,29 @@ def _parse_v2(text: str, boxed: bool) -> Query:
         parsed = vnnlib.parse_query_string(text)
     except vnnlib.VNNLibException as e:
         raise SpecError(f"VNN-LIB 2.0: {e}") from None
-    if len(parsed.networks) != 1:
-        raise SpecError(f"one network is supported, the query declares {len(parsed.networks)}")
-    network = parsed.networks[0]
-    # X: the inputs flattened and joined in declaration order; Y: the outputs so joined,
-    # then the hidden nodes (the order the importer gives them)
-    shapes, place = {}, {}
+    networks = list(parsed.networks)
+    several = len(networks) > 1
+    aliases, assertions = _aliases(networks, parsed.assertions)
+    # X: every network's inputs flattened and joined in declaration order, an input the
+    # query equates with an earlier one taking its place; Y: the outputs so joined, then
+    # the hidden nodes (the order the importer gives them)
+    shapes: dict[str, tuple[int, ...]] = {}
+    offsets: dict[str, int] = {}
     inputs = outputs = 0
-    for v in network.inputs:
-        shapes[v.name], place[v.name] = tuple(v.shape), (True, inputs)
-        inputs += int(np.prod(v.shape))
-    for v in [*network.outputs, *network.hidden]:
-        shapes[v.name], place[v.name] = tuple(v.shape), (False, outputs)
+    for net in networks:
+        for v in net.inputs:
+            shapes[v.name] = tuple(v.shape)
+            if v.name in aliases:
+                offsets[v.name] = offsets[aliases[v.name]]
+            else:
+                offsets[v.name] = inputs
+                inputs += int(np.prod(v.shape))
+    for v in [v for net in networks for v in net.outputs] + [
+        v for net in networks for v in net.hidden
+    ]:
+        shapes[v.name], offsets[v.name] = tuple(v.shape), outputs
         outputs += int(np.prod(v.shape))
+    is_input = {v.name for net in networks for v in net.inputs}
 
     def linear(expr) -> tuple[np.ndarray, np.ndarray, float]:
         a_x, a_y = np.zeros(inputs), np.zeros(outputs)
@@ -273,10 +283,11 @@ def _parse_v2(text: str, boxed: bool) -> Query:
         for term in linear_expr.terms:
             var = term.var
             if var.name not in shapes:
-                raise SpecError(f"{var.name} is not a variable of network {network.name}")
-            is_input, start = place[var.name]
-            flat = start + int(np.ravel_multi_index(tuple(var.indices), shapes[var.name]))
-            (a_x if is_input else a_y)[flat] += term.coeff
+                raise SpecError(f"{var.name} is not a declared variable")
+            flat = offsets[var.name] + int(
+                np.ravel_multi_index(tuple(var.indices), shapes[var.name])
+            )
+            (a_x if var.name in is_input else a_y)[flat] += term.coeff
         return a_x, a_y, float(linear_expr.constant)
 
     ops = {
@@ -287,7 +298,7 @@ def _parse_v2(text: str, boxed: bool) -> Query:
         "Equal": "=",
     }
     dnfs = []
-    for assertion in parsed.assertions:
+    for assertion in assertions:
         clauses = []
         for clause in assertion.expr.to_dnf():
             rows: list[Row] = []
@@ -301,19 +312,74 @@ def _parse_v2(text: str, boxed: bool) -> Query:
     if not dnfs:
         raise SpecError("the property asserts nothing")
     variables = tuple(
-        Variable(v.name, _dtype(v.dtype), tuple(v.shape), role)
+        Variable(v.name, _dtype(v.dtype), tuple(v.shape), role, offsets[v.name])
+        for net in networks
         for role, declared in (
-            ("input", network.inputs),
-            ("hidden", network.hidden),
-            ("output", network.outputs),
+            ("input", net.inputs),
+            ("hidden", net.hidden),
+            ("output", net.outputs),
         )
         for v in declared
     )
-    hidden = tuple(str(v.onnx_name).strip('"') for v in network.hidden)
-    return replace(
-        query_from_clauses(_product(dnfs), inputs, outputs, network.name, variables, boxed),
-        hidden=hidden,
+    hidden = tuple(
+        (f"{net.name}/" if several else "") + str(v.onnx_name).strip('"')
+        for net in networks
+        for v in net.hidden
     )
+    position = {v.name: (n, k) for n, net in enumerate(networks) for k, v in enumerate(net.inputs)}
+    query = query_from_clauses(_product(dnfs), inputs, outputs, networks[0].name, variables, boxed)
+    return replace(
+        query,
+        hidden=hidden,
+        networks=tuple((net.name, str(net.equal_to or "")) for net in networks),
+        aliases=tuple((position[a], position[b]) for a, b in aliases.items()),
+    )
+
+
+def _aliases(networks: list, assertions: list) -> tuple[dict[str, str], list]:
+    """Inputs the query equates element by element with an earlier declared input of the
+    same shape, ``{later: earlier}`` (the networks then read one input: "compared on the
+    same input"), and the assertions left once those equalities are taken out. Other
+    equalities stay constraints."""
+    declared = [v for net in networks for v in net.inputs]
+    order = {v.name: k for k, v in enumerate(declared)}
+    shapes = {v.name: tuple(v.shape) for v in declared}
+    pairs: dict[tuple[str, str], set[tuple[int, ...]]] = {}
+    kept = []
+    for assertion in assertions:
+        dnf = assertion.expr.to_dnf()
+        found = [_element_pair(c, order) for c in dnf[0]] if len(dnf) == 1 else [None]
+        if not found or any(f is None for f in found):
+            kept.append(assertion)
+            continue
+        for (a, i), (b, j) in found:  # type: ignore[misc]
+            if i == j and shapes[a] == shapes[b]:
+                pairs.setdefault((a, b), set()).add(i)
+    aliases = {}
+    for (a, b), elements in pairs.items():
+        if len(elements) == int(np.prod(shapes[a])) and b not in aliases:
+            aliases[b] = aliases.get(a, a)
+    if len(aliases) < len(pairs):  # some equalities only partial: keep them all as rows
+        return {}, list(assertions)
+    return aliases, kept
+
+
+def _element_pair(comparison, order: dict[str, int]):
+    """``(earlier, index), (later, index)`` when ``comparison`` is ``A[i] == B[j]`` between
+    two declared inputs, else None."""
+    if type(comparison).__name__ != "Equal":
+        return None
+    sides = []
+    for side in (comparison.lhs, comparison.rhs):
+        expr = side.to_linear_expr()
+        if expr.constant or len(expr.terms) != 1 or expr.terms[0].coeff != 1:
+            return None
+        var = expr.terms[0].var
+        if var.name not in order:
+            return None
+        sides.append((var.name, tuple(var.indices)))
+    (a, i), (b, j) = sorted(sides, key=lambda side: order[side[0]])
+    return None if a == b else ((a, i), (b, j))
 
 
 def _dtype(dtype: vnnlib.DType) -> str:
