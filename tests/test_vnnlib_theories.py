@@ -295,3 +295,15 @@ def test_a_network_equal_to_another_needs_no_file(tmp_path, capsys, dtype):
         args = ["verify", str(query), "--network", f"f={tmp_path / 'f.onnx'}", "--timeout", "30"]
         assert main(args) == 0, capsys.readouterr().err
         assert capsys.readouterr().out.splitlines()[0] == answer
+
+
+def test_declarations_out_of_the_models_order_are_refused(tmp_path, capsys):
+    (tmp_path / "m.onnx").write_bytes(two_in_two_out(7))
+    text = mio_query("real", False, "(>= Y[0,0] 0.0)").replace(
+        "(declare-input A real [1,2])\n  (declare-input B real [1,1])",
+        "(declare-input B real [1,1])\n  (declare-input A real [1,2])",
+    )
+    (tmp_path / "q.vnnlib").write_text(text)
+    args = ["verify", str(tmp_path / "q.vnnlib"), "--network", f"net={tmp_path / 'm.onnx'}"]
+    assert main(args) == 2
+    assert "the model's inputs, in order, are A (2 values), B (1 values)" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import orjson
 
 from vigil.daemon.cli._args import byte_size, out_path
@@ -63,6 +64,7 @@ def solve(
     ``memory_limit``."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be positive, got {timeout}")
+    _check_declarations(model, query)
     network, runner = load_for(model, query.element_type, query.hidden)
     outputs = query.outputs - (query.inputs if query.joint else 0)
     if query.inputs != network.input_dim or outputs != network.output_dim:
@@ -98,6 +100,40 @@ def solve(
     if verdict.y is not None:
         verdict.y = verdict.y[:outputs]
     return verdict
+
+
+def _check_declarations(model: Path | bytes, query: Query) -> None:
+    """A 2.0 query declares the model's inputs and outputs in the model's order: each
+    declared tensor must have as many values as the model's tensor in its place."""
+    if not any(v.shape for v in query.variables):  # VNN-LIB 1.0: scalars, counted as a whole
+        return
+    graph = (
+        onnx.load_model_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
+    ).graph
+    weights = {t.name for t in graph.initializer}
+    for role, tensors in (
+        ("input", [i for i in graph.input if i.name not in weights]),
+        ("output", list(graph.output)),
+    ):
+        seen: set[int] = set()
+        declared = []
+        for v in query.variables:
+            if v.role == role and v.offset not in seen:  # an input read from another: once
+                seen.add(v.offset)
+                declared.append(v)
+        sizes = [
+            int(np.prod([d.dim_value or 1 for d in t.type.tensor_type.shape.dim])) for t in tensors
+        ]
+        if len(declared) != len(tensors) or any(
+            int(np.prod(v.shape)) != size for v, size in zip(declared, sizes, strict=False)
+        ):
+            named = ", ".join(f"{v.name} {list(v.shape)}" for v in declared)
+            have = ", ".join(
+                f"{t.name} ({size} values)" for t, size in zip(tensors, sizes, strict=True)
+            )
+            raise ValueError(
+                f"the query declares the {role}s {named}; the model's {role}s, in order, are {have}"
+            )
 
 
 def peak_rss() -> int:
