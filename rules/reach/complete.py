@@ -178,7 +178,8 @@ class _Search:
     ) -> None:
         self.network, self.confirm, self.stats = network, confirm, stats
         # the evaluator's input type: float16 models take float16, others float32 values
-        self.input_type = np.float16 if _named(network) == "float16" else np.float32
+        half = network.precision is not None and network.precision.name == "float16"
+        self.input_type = np.float16 if half else np.float32
         # a point's input, activations and gradient, a few copies of each at once
         point = 8 * 4 * (network.input_dim + sum(network.hidden_sizes) + network.output_dim)
         self.samples = int(min(SEARCH_SAMPLES, max(memory // point, SEARCH_STARTS)))
@@ -291,10 +292,6 @@ class _Search:
             return None
         best = holds[int(np.argmin(case.violation(y[holds])))]
         return x[best], y[best]
-
-
-def _named(network: Network) -> str:
-    return "real" if network.precision is None else network.precision.name
 
 
 def _inside(x: np.ndarray, case: Case, kind: type = np.float32) -> np.ndarray:
