@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.test_vnnlib_semantics import query_2, solve, values
 from vigil.daemon.cli._standard import main
 from vigil.rules.graph.precision import PRECISIONS
-from vigil.rules.reach.backward import HEAD_ERROR, output_bounds
+from vigil.rules.reach.backward import EXP_ERROR, output_bounds
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.rounding import check_enclosure, load_for, rounding_noise
 
@@ -289,7 +289,7 @@ def test_a_type_the_model_does_not_compute_in_is_refused(tmp_path, capsys, dtype
 
 
 def test_heads_in_float32_stay_near_the_real_function():
-    """What ``backward.HEAD_ERROR`` assumes of onnxruntime's sigmoid and softmax, on the
+    """What ``backward.EXP_ERROR`` assumes of onnxruntime's sigmoid and softmax, on the
     row shapes the evaluator feeds and on long vectors."""
     rng = np.random.default_rng(0)
     for op, shape in (("Sigmoid", ["n", 3]), ("Softmax", ["n", 3]), ("Sigmoid", ["n"])):
@@ -312,7 +312,7 @@ def test_heads_in_float32_stay_near_the_real_function():
             else:
                 e = np.exp(z - z.max(axis=1, keepdims=True))
                 exact = e / e.sum(axis=1, keepdims=True)
-            assert float(np.abs(y - exact).max()) <= HEAD_ERROR / 2
+            assert float(np.abs(y - exact).max()) <= EXP_ERROR / 2
 
 
 def test_the_precisions_are_the_ieee_formats():

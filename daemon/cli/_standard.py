@@ -119,7 +119,9 @@ def _network(query: Query, given: list[str]) -> Path | bytes:
         if not sep and len(needed) == 1:
             name = needed[0]
         if name not in needed:
-            raise ValueError(f"--network names {name!r}, the query declares {needed}")
+            raise ValueError(
+                f"--network names {name!r}, the query declares {', '.join(map(repr, needed))}"
+            )
         files[name] = Path(path if sep else text)
         if not files[name].is_file():
             raise ValueError(f"--network {text}: no such file")

@@ -39,6 +39,9 @@ from vigil.rules.graph.values import (
 )
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
+HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh")
+"""A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid or Tanh
+inside the graph closes a layer as a ReLU does, its neurons marked with their code."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class Imported:
     output: str
     rounding: list[tuple[np.ndarray, np.ndarray]] | None = None
     peaks: list[tuple[np.ndarray, float]] | None = None
+    activations: list[np.ndarray] | None = None
+    """Per hidden layer, each neuron's code in ``HIDDEN_ACTIVATIONS``; None: all ReLUs."""
 
 
 def element_type(model: onnx.ModelProto) -> str:
@@ -100,10 +105,11 @@ def import_graph(
     neurons = next(r for r in results if isinstance(r, Affine)).neurons
     flat = [linear(lift(r, neurons), _flatten) for r in results]  # type: ignore[arg-type]
     layers = builder.finish(concatenate(flat, 0))  # type: ignore[arg-type]
+    codes = builder.activations if any(a.any() for a in builder.activations) else None
     tracked = builder.precision
     if tracked is None:
-        return Imported(layers, builder.output)
-    return Imported(layers, builder.output, builder.rounding, tracked.peaks)
+        return Imported(layers, builder.output, activations=codes)
+    return Imported(layers, builder.output, builder.rounding, tracked.peaks, codes)
 
 
 class _Builder:
@@ -115,7 +121,10 @@ class _Builder:
         self.precision = None if precision is None else Tracked(precision)
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
         self.rounding: list[tuple[np.ndarray, np.ndarray]] = []
+        self.activations: list[np.ndarray] = []
         self.output = "none"
+        self.node_outputs: tuple[str, ...] = ()  # of the node being converted
+        self.graph_outputs = {o.name for o in graph.output}
         self.env: dict[str, Value] = dict(consts)
         self.kinds: dict[str, np.dtype] = {}  # a constant's type in the graph, where known
         self.uses = Counter(i for n in graph.node for i in n.input if i)
@@ -147,6 +156,7 @@ class _Builder:
         attrs = {a.name: _attribute(a) for a in proto.attribute}
         inputs = [self.env[i] if i else None for i in proto.input]
         node = Node(proto.op_type, name, inputs, attrs, len(proto.output))
+        self.node_outputs = tuple(proto.output)
         constant = not any(isinstance(v, Affine) for v in inputs)
         for i in proto.input:
             if i:
@@ -197,6 +207,16 @@ class _Builder:
             return np.maximum(value, 0.0)
         return self._close_layer(value)
 
+    def activation(self, node: Node, value: Value, kind: str) -> Value:
+        """A Sigmoid or Tanh: the output head when its result is the graph's output and
+        nothing else reads it (Sigmoid), otherwise a layer of such neurons."""
+        final = all(o in self.graph_outputs and self.uses[o] == 1 for o in self.node_outputs)
+        if kind == "sigmoid" and final:
+            return self.head(node, value, kind)
+        if not isinstance(value, Affine):
+            return 1.0 / (1.0 + np.exp(-value)) if kind == "sigmoid" else np.tanh(value)
+        return self._close_layer(value, HIDDEN_ACTIVATIONS.index(kind))
+
     def maximum(
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
     ) -> tuple[Value, ...]:
@@ -238,9 +258,10 @@ class _Builder:
             self.precision.close(value.neurons)
         return [*self.layers, (w, value.offset.reshape(-1))]
 
-    def _close_layer(self, value: Affine) -> Affine:
-        """ReLU of ``value`` as a new layer; the tensors used later are carried through it
-        and re-expressed over the new layer's neurons."""
+    def _close_layer(self, value: Affine, code: int = 0) -> Affine:
+        """ReLU (or the activation ``code``) of ``value`` as a new layer; the tensors used
+        later are carried through it as ReLUs and re-expressed over the new layer's
+        neurons."""
         later = [k for k, v in self.env.items() if isinstance(v, Affine) and self.uses[k] > 0]
         n, m = value.neurons, int(np.prod(value.shape))
         used = np.zeros(n, dtype=bool)
@@ -250,11 +271,15 @@ class _Builder:
             if v.error is not None:
                 used |= np.any(v.error.coef.reshape(n, -1) != 0, axis=1)
         cols = np.flatnonzero(used)
-        signed = not self.layers  # the network input may be negative: x = relu(x) - relu(-x)
+        # the network input, and tanh neurons, may be negative: h = relu(h) - relu(-h)
+        signed = not self.layers or bool((self.activations[-1] == 2).any())
         pick = np.eye(n)[cols]
         w = np.vstack([value.coef.reshape(n, m).T, pick, *([-pick] if signed else [])])
         self.layers.append((w, np.concatenate([value.offset.reshape(m), np.zeros(len(w) - m)])))
         width = len(w)
+        self.activations.append(
+            np.concatenate([np.full(m, code), np.zeros(width - m)]).astype(np.int8)
+        )
         # the carried neurons pass the ReLU exactly: no rounding in their rows
         r_w, r_b = _rounding(value)
         if self.precision is not None:

@@ -71,6 +71,8 @@ class Builder(Protocol):
 
     def head(self, node: Node, value: Value, kind: str) -> Value: ...
 
+    def activation(self, node: Node, value: Value, kind: str) -> Value: ...
+
     def maximum(
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
     ) -> tuple[Value, ...]: ...
@@ -98,12 +100,18 @@ def _relu(node: Node, builder: Builder) -> Value:
     return builder.relu(node, node.data())
 
 
-@converts("Sigmoid", "Softmax")
+@converts("Softmax")
 def _head(node: Node, builder: Builder) -> Value:
     value = node.data()
-    if node.op == "Softmax" and node.attrs.get("axis", -1) not in (-1, len(value.shape) - 1):
+    if node.attrs.get("axis", -1) not in (-1, len(value.shape) - 1):
         raise node.fail("Softmax must act on the last axis")
-    return builder.head(node, value, node.op.lower())
+    return builder.head(node, value, "softmax")
+
+
+@converts("Sigmoid", "Tanh")
+def _squash(node: Node, builder: Builder) -> Value:
+    """The output head (a final Sigmoid), or a layer of sigmoid or tanh neurons."""
+    return builder.activation(node, node.data(), node.op.lower())
 
 
 # -- pass-through and constants -----------------------------------------------------------

@@ -12,6 +12,10 @@ neuron's relaxation is exact whatever its bounds.
 A network with rounding ``noise`` (``Network.with_noise``) is bounded with each bias an
 interval ``b ± noise``: the bounds then also hold for the network as computed in its
 floating-point type.
+
+A sigmoid or tanh neuron inside the network is bounded by the interval of its monotone
+activation over its pre-activation bounds; back-substitution stops at it (its value
+enters a row's bound as that interval).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.rules.reach.network import Network
+from vigil.rules.reach.network import SIGMOID, TANH, Network
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,8 @@ def output_bounds(
 
 _ROUNDING = 8 * np.finfo(np.float64).eps
 _TINY = np.nextafter(0.0, 1.0)
-HEAD_ERROR = 2.0**-20
-"""With a floating-point type, how far the runtime's sigmoid or softmax output may be from
+EXP_ERROR = 2.0**-20
+"""With a floating-point type, how far the runtime's sigmoid, tanh or softmax may be from
 the real one on the same logits, in absolute terms: onnxruntime's float32 kernels compute
 exp by a polynomial, off by up to 3.2e-7 on 10^6 logits from -1000 to 1000
 (``tests/test_vnnlib_floats.py`` measures it). Their outputs are not kept in [0, 1]: a
@@ -70,7 +74,7 @@ def activation_bounds(
     """Bounds of ``sigmoid`` or ``softmax`` of every logit vector z with low <= z <= high
     (B, m). Both are 1 / (1 + e^t): sigmoid with t = -z, softmax output i with t the
     log-sum-exp of z_j - z_i over j != i, smallest with z_i low and every other z_j high.
-    ``computed``: bounds of the runtime's floating-point evaluation (``HEAD_ERROR``)
+    ``computed``: bounds of the runtime's floating-point evaluation (``EXP_ERROR``)
     instead of the real function."""
     if output == "sigmoid":
         t_low, t_high = -low, -high
@@ -79,18 +83,22 @@ def activation_bounds(
         lse = np.logaddexp.reduce  # log-sum-exp, without overflow
         t_low = lse(np.where(others, high[:, None, :] - low[:, :, None], -np.inf), axis=2)
         t_high = lse(np.where(others, low[:, None, :] - high[:, :, None], -np.inf), axis=2)
-    y_low, y_high = _reciprocal(t_low, -1.0), _reciprocal(t_high, 1.0)
+    # the exponents' own rounding grows with the logits' magnitude (differences of ~1000)
+    scale = np.maximum(np.abs(low), np.abs(high)).max(axis=1, keepdims=True)
+    y_low, y_high = _reciprocal(t_low, -1.0, scale), _reciprocal(t_high, 1.0, scale)
     if computed:
-        y_low, y_high = y_low - HEAD_ERROR, y_high + HEAD_ERROR
+        y_low, y_high = y_low - EXP_ERROR, y_high + EXP_ERROR
     return y_low, y_high
 
 
-def _reciprocal(t: np.ndarray, side: float) -> np.ndarray:
+def _reciprocal(t: np.ndarray, side: float, scale: np.ndarray) -> np.ndarray:
     """1 / (1 + e^t), moved by ``side`` (-1 down, 1 up) past its rounding: a few ulps per
-    unit of the exponent, and two of the smallest subnormal where it underflows; in [0, 1]."""
+    unit of the exponent and of the logits' magnitude ``scale`` that ``t`` was computed
+    from, and two of the smallest subnormal where it underflows; in [0, 1]."""
     exponent = np.logaddexp(0.0, t)  # no overflow where e^t would
     y = np.exp(-exponent)
-    slack = y * _ROUNDING * (1.0 + exponent) + 2 * _TINY
+    # the relative factor first: y * _ROUNDING alone underflows for subnormal y
+    slack = y * (_ROUNDING * (1.0 + exponent + 4.0 * scale)) + 2 * _TINY
     return np.clip(y + side * slack, 0.0, 1.0)
 
 
@@ -101,13 +109,20 @@ def _logit_bounds(
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     pre = pre_activation_bounds(network, lo, hi)
     upper, lam = _back_substitute(
-        network.weights, network.biases, pre, C, centre, radius, noise=network.noise
+        network.weights,
+        network.biases,
+        pre,
+        C,
+        centre,
+        radius,
+        noise=network.noise,
+        squash=_squash(network),
     )
     open_ = np.ones(upper.shape, dtype=bool) if d is None else upper > d
     gradient = (np.abs(lam) * open_[:, :, None]).sum(axis=1) * (hi - lo)
     unstable = np.zeros(len(lo), dtype=np.int64)  # stays 0 without hidden layers
-    for low, high in pre:
-        unstable += ((low < 0) & (high > 0)).sum(axis=1)
+    for k, (low, high) in enumerate(pre):
+        unstable += ((low < 0) & (high > 0) & network.relus(k)).sum(axis=1)
     return OutputBounds(upper, gradient, unstable)
 
 
@@ -138,7 +153,15 @@ def split_bounds(
         empty |= (low > high).any(axis=1)
     intercepts: list[np.ndarray] = []
     upper, lam = _back_substitute(
-        network.weights, network.biases, pre, C, centre, radius, intercepts, network.noise
+        network.weights,
+        network.biases,
+        pre,
+        C,
+        centre,
+        radius,
+        intercepts,
+        network.noise,
+        _squash(network),
     )
     return SplitBounds(upper, lam, pre, intercepts, empty)
 
@@ -165,7 +188,10 @@ def pre_activation_bounds(
             spread = spread + noise[k]
         low, high = mid - spread, mid + spread
         if k:
-            unstable = np.flatnonzero(((low < 0) & (high > 0)).any(axis=0))
+            unstable = (low < 0) & (high > 0)
+            if network.activations is not None:
+                unstable |= network.activations[k] != 0  # any bound of a squashing neuron helps
+            unstable = np.flatnonzero(unstable.any(axis=0))
             if unstable.size:
                 n = unstable.size
                 rows = np.zeros((2 * n, w.shape[0]))
@@ -179,6 +205,7 @@ def pre_activation_bounds(
                     centre,
                     radius,
                     noise=None if noise is None else noise[: k + 1],
+                    squash=_squash(network),
                 )
                 high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
                 low[:, unstable] = np.maximum(low[:, unstable], -upper[:, n:])
@@ -186,8 +213,47 @@ def pre_activation_bounds(
             low = np.where(signs[k] > 0, np.maximum(low, 0.0), low)
             high = np.where(signs[k] < 0, np.minimum(high, 0.0), high)
         pre.append((low, high))
-        post_lo, post_hi = np.maximum(low, 0.0), np.maximum(high, 0.0)
+        post_lo, post_hi = post_activation(network, k, low, high)
     return pre
+
+
+_SQUASH_SLACK = 8 * np.finfo(np.float64).eps
+"""Absolute slack on a sigmoid or tanh computed here in float64."""
+Squash = tuple[tuple[np.ndarray, ...], float] | None
+"""Per hidden layer each neuron's activation code, and the activations' absolute error;
+None for a ReLU network."""
+
+
+def _squash(network: Network) -> Squash:
+    if network.relu_only or network.activations is None:
+        return None
+    return network.activations, EXP_ERROR if network.precision is not None else _SQUASH_SLACK
+
+
+def post_activation(
+    network: Network, k: int, low: np.ndarray, high: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds of hidden layer ``k``'s activations from its pre-activation bounds (B, width)."""
+    return _post(_squash(network), k, low, high)
+
+
+def _post(
+    squash: Squash, k: int, low: np.ndarray, high: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    post_lo, post_hi = np.maximum(low, 0.0), np.maximum(high, 0.0)
+    if squash is None or not squash[0][k].any():
+        return post_lo, post_hi
+    codes, error = squash[0][k], squash[1]
+    for code, fn in ((SIGMOID, _sigmoid), (TANH, np.tanh)):
+        chosen = codes == code
+        if chosen.any():
+            post_lo[:, chosen] = fn(low[:, chosen]) - error
+            post_hi[:, chosen] = fn(high[:, chosen]) + error
+    return post_lo, post_hi
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow where exp(-z) would
 
 
 def relu_relaxation(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -211,6 +277,7 @@ def _back_substitute(
     radius: np.ndarray,
     intercepts: list[np.ndarray] | None = None,
     noise: tuple[np.ndarray, ...] | None = None,
+    squash: Squash = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds over the boxes of ``rows`` (k, n) times the last layer's output, each
     ReLU replaced by the linear bound its pre-activation bounds allow for the sign of its
@@ -218,7 +285,8 @@ def _back_substitute(
     coefficients on the input (B, k, d). ``intercepts``, when given, receives per hidden
     layer (first to last) what each neuron's chord adds to each row's bound (B, k, width):
     the looseness a split of that neuron removes. ``noise``, when given, widens each
-    layer's bias to ``b ± noise`` (the row's worst case)."""
+    layer's bias to ``b ± noise`` (the row's worst case); ``squash`` marks the sigmoid and
+    tanh neurons, whose interval the rows take instead of passing through them."""
     batch, k = centre.shape[0], rows.shape[0]
     last = len(weights) - 1
     const = np.broadcast_to(rows @ biases[last], (batch, k)).copy()
@@ -227,6 +295,14 @@ def _back_substitute(
         const += np.abs(rows) @ noise[last]
     for i in range(last - 1, -1, -1):
         lo, hi = pre[i]
+        if squash is not None and squash[0][i].any():
+            squashing = squash[0][i] != 0
+            post_lo, post_hi = _post(squash, i, lo, hi)
+            part = lam[:, :, squashing]
+            const += np.einsum("bkn,bn->bk", np.maximum(part, 0.0), post_hi[:, squashing])
+            const += np.einsum("bkn,bn->bk", np.minimum(part, 0.0), post_lo[:, squashing])
+            lam[:, :, squashing] = 0.0
+            lo, hi = np.where(squashing, 0.0, lo), np.where(squashing, 0.0, hi)  # now inert
         crossing = (lo < 0) & (hi > 0)
         cols = np.flatnonzero(crossing.any(axis=0))  # crossing in some box of the batch
         sub = lam[:, :, cols]

@@ -263,7 +263,7 @@ class _Search:
         the logits: an output activation's own slope is left out)."""
         net = self.network
         pre = net.pre_activations(x)
-        h = np.maximum(pre[-1], 0.0) if pre else x
+        h = net.hidden(len(pre) - 1, pre[-1]) if pre else x
         y = net.activate(h @ net.weights[-1].T + net.biases[-1])
         best = np.full(len(x), np.inf)
         rows = np.zeros((len(x), y.shape[1]))
@@ -277,8 +277,8 @@ class _Search:
             best[better] = top[better]
             rows[better] = c[arg[better]]
         grad = rows @ net.weights[-1]
-        for w, z in zip(reversed(net.weights[:-1]), reversed(pre), strict=True):
-            grad = (grad * (z > 0)) @ w
+        for k in range(len(pre) - 1, -1, -1):
+            grad = (grad * net.slope(k, pre[k])) @ net.weights[k]
         return best, grad
 
     def confirmed(self, case: Case, x: np.ndarray) -> tuple | None:

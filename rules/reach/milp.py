@@ -34,6 +34,8 @@ def box_counterexample(
     sign assumptions tighten them; every ReLU is exact in the model, so a point found is one
     of the network's (with rounding ``noise``, a candidate the reference evaluator confirms
     or not)."""
+    if not network.relu_only:
+        return "unknown", None  # a sigmoid or tanh has no MILP encoding here
     if bounds is None:
         bounds = pre_activation_bounds(network, lo[None], hi[None])
     model = ReluModel(Solver(time_limit=seconds), budget=seconds)
@@ -61,7 +63,10 @@ def lp_bounds(
     seconds: float,
 ) -> list[tuple[np.ndarray, np.ndarray]] | None:
     """``bounds`` (each (1, width)) with every unstable neuron after the first layer
-    tightened by the LP over the layers before it, or None when ``seconds`` run out first."""
+    tightened by the LP over the layers before it, or None when ``seconds`` run out first
+    (or the network has a sigmoid or tanh, which the LP does not model)."""
+    if not network.relu_only:
+        return None
     model = ReluModel(Solver(time_limit=seconds), budget=seconds)
     try:
         return _add_hidden(model, network, lo, hi, bounds, tighten=True)

@@ -16,10 +16,11 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from vigil.rules.graph import UnsupportedModel, import_graph
-from vigil.rules.graph.importer import OUTPUT_HEADS
+from vigil.rules.graph.importer import HIDDEN_ACTIVATIONS, OUTPUT_HEADS
 from vigil.rules.graph.precision import Precision
 
 OUTPUT_ACTIVATIONS = OUTPUT_HEADS
+RELU, SIGMOID, TANH = (HIDDEN_ACTIVATIONS.index(a) for a in ("relu", "sigmoid", "tanh"))
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -46,6 +47,10 @@ class Network:
     from ``W h + b`` on that box. Bounds and MILPs (``backward``, ``milp``) treat the noise
     as an interval added to each bias, so they enclose the computed network as well as the
     real one.
+
+    ``activations``, when given, holds per hidden layer each neuron's activation code
+    (``HIDDEN_ACTIVATIONS``): a network with a sigmoid or tanh inside is verified by bounds
+    alone (``relu_only`` is False, and the MILP finisher does not apply).
     """
 
     weights: tuple[np.ndarray, ...]
@@ -55,6 +60,7 @@ class Network:
     rounding: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
     peaks: tuple[tuple[np.ndarray, float], ...] | None = None
     noise: tuple[np.ndarray, ...] | None = None
+    activations: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", tuple(_frozen(w) for w in self.weights))
@@ -70,6 +76,38 @@ class Network:
             width = w.shape[0]
         if self.output not in OUTPUT_ACTIVATIONS:
             raise ValueError(f"output must be one of {OUTPUT_ACTIVATIONS}, got {self.output!r}")
+        if self.activations is not None and [len(a) for a in self.activations] != [
+            w.shape[0] for w in self.weights[:-1]
+        ]:
+            raise ValueError("one activation code per hidden neuron is needed")
+
+    @property
+    def relu_only(self) -> bool:
+        """Whether every hidden neuron is a ReLU (what the MILP encodings require)."""
+        return self.activations is None or not any(a.any() for a in self.activations)
+
+    def relus(self, k: int) -> np.ndarray | bool:
+        """Which neurons of hidden layer ``k`` are ReLUs (all: True)."""
+        return True if self.activations is None else self.activations[k] == RELU
+
+    def hidden(self, k: int, z: np.ndarray) -> np.ndarray:
+        """Hidden layer ``k``'s activations of its pre-activations z (n, width)."""
+        out = np.maximum(z, 0.0)
+        if self.activations is not None and self.activations[k].any():
+            kinds = self.activations[k]
+            out[:, kinds == SIGMOID] = 1.0 / (1.0 + np.exp(-z[:, kinds == SIGMOID]))
+            out[:, kinds == TANH] = np.tanh(z[:, kinds == TANH])
+        return out
+
+    def slope(self, k: int, z: np.ndarray) -> np.ndarray:
+        """The derivative of hidden layer ``k``'s activations at z (n, width)."""
+        out = (z > 0).astype(np.float64)
+        if self.activations is not None and self.activations[k].any():
+            kinds = self.activations[k]
+            s = 1.0 / (1.0 + np.exp(-z[:, kinds == SIGMOID]))
+            out[:, kinds == SIGMOID] = s * (1.0 - s)
+            out[:, kinds == TANH] = 1.0 - np.tanh(z[:, kinds == TANH]) ** 2
+        return out
 
     @classmethod
     def from_arrays(
@@ -104,6 +142,8 @@ class Network:
             raise UnsupportedModel(f"not an ONNX model: the protobuf does not parse ({e})") from e
         imported = import_graph(model, precision, hidden)
         network = cls.from_arrays(imported.layers, imported.output)
+        if imported.activations is not None:
+            network = replace(network, activations=tuple(imported.activations))
         if imported.rounding is None or imported.peaks is None:
             return network
         return replace(
@@ -134,8 +174,8 @@ class Network:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Last-layer values (before ``output``) for a batch (n, input_dim)."""
         h = np.asarray(x, dtype=np.float64)
-        for w, b in zip(self.weights[:-1], self.biases[:-1], strict=True):
-            h = np.maximum(h @ w.T + b, 0.0)
+        for k, (w, b) in enumerate(zip(self.weights[:-1], self.biases[:-1], strict=True)):
+            h = self.hidden(k, h @ w.T + b)
         return h @ self.weights[-1].T + self.biases[-1]
 
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -152,17 +192,20 @@ class Network:
         return z
 
     def pre_activations(self, x: np.ndarray) -> list[np.ndarray]:
-        """Each hidden layer's values before its ReLU, for a batch."""
+        """Each hidden layer's values before its activations, for a batch."""
         out = []
         h = np.asarray(x, dtype=np.float64)
-        for w, b in zip(self.weights[:-1], self.biases[:-1], strict=True):
+        for k, (w, b) in enumerate(zip(self.weights[:-1], self.biases[:-1], strict=True)):
             z = h @ w.T + b
             out.append(z)
-            h = np.maximum(z, 0.0)
+            h = self.hidden(k, z)
         return out
 
     def to_onnx(self, dtype: type = np.float32) -> bytes:
-        """The network as an ONNX model (input ``x`` of shape (n, input_dim), output ``y``)."""
+        """The network as an ONNX model (input ``x`` of shape (n, input_dim), output ``y``);
+        ReLU networks only."""
+        if not self.relu_only:
+            raise ValueError("only a ReLU network is exported")
         elem = TensorProto.DOUBLE if dtype == np.float64 else TensorProto.FLOAT
         nodes, inits = [], []
         current = "x"
@@ -285,6 +328,11 @@ def check_agreement(
 def load_checked(source: bytes | str | Path, seed: int = 0) -> tuple[Network, OnnxRunner]:
     """Load a model and confirm numpy and onnxruntime agree on random inputs."""
     network = Network.from_onnx(source)
+    if not network.relu_only:
+        raise UnsupportedModel(
+            "a sigmoid or tanh inside the network: only `vigil verify vnnlib` (by bounds) "
+            "handles it; these verifiers need ReLU networks"
+        )
     runner = OnnxRunner(source)
     probe = np.random.default_rng(seed).uniform(-1.0, 1.0, size=(32, network.input_dim))
     check_agreement(network, runner, probe)

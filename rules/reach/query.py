@@ -249,11 +249,18 @@ def joint_network(network: Network) -> Network:
         if peaks is not None and network.peaks is not None:
             p, q = network.peaks[k]
             peaks.append((np.concatenate([p, np.zeros(wide.shape[1] - len(p))]), q))
+    activations = None
+    if network.activations is not None:  # the carried input's neurons are ReLUs
+        activations = tuple(
+            np.concatenate([a, np.zeros(len(w) - len(a), dtype=a.dtype)])
+            for a, w in zip(network.activations, weights[:-1], strict=True)
+        )
     return replace(
         Network.from_arrays(list(zip(weights, biases, strict=True))),
         precision=network.precision,
         rounding=None if rounding is None else tuple(rounding),
         peaks=None if peaks is None else tuple(peaks),
+        activations=activations,
     )
 
 

@@ -186,9 +186,10 @@ class ReluSplit:
         found, _ = self.search.descend(case, x, lo[live], hi[live], STEPS, 0.1)
         if found is not None:
             return found
-        unstable = np.zeros(len(live), dtype=int)
-        for low, high in bound.pre:
-            unstable += ((low[live] < 0) & (high[live] > 0)).sum(axis=1)
+        unstable = np.zeros(len(live), dtype=int)  # ReLUs: what splits and the MILP take
+        for k, (low, high) in enumerate(bound.pre):
+            relus = self.network.relus(k)
+            unstable += ((low[live] < 0) & (high[live] > 0) & relus).sum(axis=1)
         exact = unstable <= limit[live]
         split = ~exact
         for i in np.flatnonzero(exact):
@@ -206,6 +207,11 @@ class ReluSplit:
                 # only once they are markedly smaller
                 split[i] = True
                 limit[b] = int(MILP_SHRINK * unstable[i])
+            elif outcome == "unknown" and not self.network.relu_only:
+                self.undecided = (
+                    "the bounds of the network's sigmoid or tanh neurons leave a branch "
+                    "open with every ReLU fixed, and the MILP does not model them"
+                )
             elif outcome == "unknown":
                 self.undecided = (
                     "the MILP's point of a branch with every neuron stable is not a "
@@ -229,9 +235,9 @@ class ReluSplit:
         rows (ties: the widest bounds), assumed active in one child and inactive in the
         other."""
         scores, widths = [], []
-        for (low, high), added in zip(bound.pre, bound.intercepts, strict=True):
+        for k, ((low, high), added) in enumerate(zip(bound.pre, bound.intercepts, strict=True)):
             low, high = low[index], high[index]
-            unstable = (low < 0) & (high > 0)
+            unstable = (low < 0) & (high > 0) & self.network.relus(k)
             score = (added[index] * rows_open[:, :, None]).sum(axis=1)
             scores.append(np.where(unstable, score, -np.inf))
             widths.append(np.where(unstable, high - low, 0.0))

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from vigil.rules.graph import UnsupportedModel
 from vigil.rules.graph.importer import element_type
 from vigil.rules.graph.precision import PRECISIONS
-from vigil.rules.reach.backward import output_bounds, pre_activation_bounds
+from vigil.rules.reach.backward import output_bounds, post_activation, pre_activation_bounds
 from vigil.rules.reach.network import Network, OnnxRunner, check_agreement
 
 
@@ -40,9 +40,16 @@ def rounding_noise(network: Network, lo: np.ndarray, hi: np.ndarray) -> Network:
         noise.append(r_w @ magnitude + r_b)
         if k + 1 < len(network.rounding):
             # the noise of layers 0..k is known: bound layer k, whose ReLU feeds k + 1
-            prefix = Network(network.weights[: k + 2], network.biases[: k + 2], noise=tuple(noise))
-            _, high = pre_activation_bounds(prefix, lo, hi)[-1]
-            magnitude = np.maximum(high.max(axis=0), 0.0)
+            prefix = Network(
+                network.weights[: k + 2],
+                network.biases[: k + 2],
+                precision=network.precision,
+                noise=tuple(noise),
+                activations=None if network.activations is None else network.activations[: k + 1],
+            )
+            low, high = pre_activation_bounds(prefix, lo, hi)[-1]
+            post_lo, post_hi = post_activation(network, k, low, high)
+            magnitude = np.maximum(np.abs(post_lo), np.abs(post_hi)).max(axis=0)
     return network.with_noise(noise)
 
 

@@ -1,0 +1,138 @@
+"""Sigmoid and Tanh inside a network: loaded as layers of such neurons, bounded by their
+monotone intervals, and decided by bounds (the MILP does not model them), over the reals
+and in float32: `sat` exact in onnxruntime below a dense grid's best, `unsat` above it by
+more than the grid can miss, never a wrong answer."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.test_vnnlib_semantics import query_2, solve, values
+from vigil.rules.graph import UnsupportedModel
+from vigil.rules.reach.network import OnnxRunner, load_checked
+from vigil.rules.reach.rounding import load_for
+
+GRID = np.stack(np.meshgrid(*[np.linspace(-1.0, 1.0, 401)] * 2), -1).reshape(-1, 2)
+
+
+def squashing(seed: int, first: str, second: str, width: int = 6, inputs: int = 2) -> bytes:
+    """X -> Gemm -> ``first`` -> Gemm (+ a residual of the first layer) -> ``second`` ->
+    Gemm -> Y (2 outputs)."""
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *shape: int) -> TensorProto:
+        return numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Gemm", ["X", "W0", "B0"], ["z0"]),
+        helper.make_node(first, ["z0"], ["h0"]),
+        helper.make_node("Gemm", ["h0", "W1", "B1"], ["z1"]),
+        helper.make_node("Add", ["z1", "h0"], ["r1"]),
+        helper.make_node(second, ["r1"], ["h1"]),
+        helper.make_node("Gemm", ["h1", "W2", "B2"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "squash",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, inputs])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2])],
+        [
+            tensor("W0", inputs, width),
+            tensor("B0", width),
+            tensor("W1", width, width),
+            tensor("B1", width),
+            tensor("W2", width, 2),
+            tensor("B2", 2),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+ACTIVATIONS = ["Sigmoid", "Tanh", "Relu"]
+FUNCTIONS = {
+    "Sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z)),
+    "Tanh": np.tanh,
+    "Relu": lambda z: np.maximum(z, 0.0),
+}
+
+
+def by_hand(model: bytes, first: str, second: str, x: np.ndarray) -> np.ndarray:
+    """The graph of ``squashing`` in numpy, from its initializers (not the importer)."""
+    w = {
+        t.name: numpy_helper.to_array(t).astype(np.float64)
+        for t in onnx.load_model_from_string(model).graph.initializer
+    }
+    h0 = FUNCTIONS[first](x @ w["W0"] + w["B0"])
+    h1 = FUNCTIONS[second](h0 @ w["W1"] + w["B1"] + h0)
+    return h1 @ w["W2"] + w["B2"]
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**16),
+    first=st.sampled_from(ACTIVATIONS[:2]),
+    second=st.sampled_from(ACTIVATIONS),
+    dtype=st.sampled_from(["real", "float32"]),
+)
+def test_squashing_networks_are_decided_by_bounds(tmp_path, capsys, seed, first, second, dtype):
+    model = squashing(seed, first, second)
+    network, _ = load_for(model, dtype)
+    assert not network.relu_only
+    runner = OnnxRunner(model, node_by_node=True)
+    y = by_hand(model, first, second, GRID)[:, 0]
+    # the grid misses at most the largest slope (in the max norm) times half a step
+    weights = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load_model_from_string(model).graph.initializer
+    }
+    slope = 1.0
+    for name, extra in (("W0", 0.0), ("W1", 1.0), ("W2", 0.0)):  # W1 with the residual
+        slope *= float(np.abs(weights[name]).sum(axis=0).max()) + extra
+    slack = slope * 1.0 / 400
+    box = [("-1.0", "1.0"), ("-1.0", "1.0")]
+    for threshold, answer in (
+        (float(y.max()) - 0.05, "sat"),
+        (float(y.max()) + slack + 0.01, "unsat"),
+    ):
+        text = query_2(box, 2, f"(>= Y[0,0] {threshold!r})", dtype=dtype)
+        lines = solve(tmp_path, model, text, capsys, timeout="30")
+        assert lines[0] == answer, (threshold, lines)
+        if answer == "sat":
+            x_text, y_text = values(lines, 2, 2)
+            x = np.array([float(v) for v in x_text])
+            reference = runner(x[None])[0]
+            assert [float(v) for v in reference] == [float(v) for v in y_text]
+            assert reference[0] >= threshold
+
+
+def test_a_wide_squashing_network_takes_the_relu_search(tmp_path, capsys):
+    """40 inputs (above the input-bisection size): `sat` found by the attack, `unsat` far
+    above the samples' best closed by the bounds; the verdict never claims more."""
+    model = squashing(5, "Tanh", "Relu", width=12, inputs=40)
+    runner = OnnxRunner(model)
+    rng = np.random.default_rng(5)
+    samples = rng.uniform(-0.1, 0.1, (2000, 40))
+    best = float(runner(samples)[:, 0].max())
+    box = [("-0.1", "0.1")] * 40
+    lines = solve(
+        tmp_path, model, query_2(box, 2, f"(>= Y[0,0] {best - 0.01!r})", inputs=40), capsys
+    )
+    assert lines[0] == "sat"
+    x = np.array([float(v) for v in values(lines, 40, 2)[0]])
+    assert runner(x[None])[0, 0] >= best - 0.01
+    far = query_2(box, 2, f"(>= Y[0,0] {best + 100.0!r})", inputs=40)
+    assert solve(tmp_path, model, far, capsys) == ["unsat"]
+
+
+def test_the_other_verifiers_refuse_a_squashing_network():
+    with pytest.raises(UnsupportedModel, match="sigmoid or tanh inside the network"):
+        load_checked(squashing(0, "Tanh", "Relu"))
