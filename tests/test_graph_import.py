@@ -100,10 +100,13 @@ def test_an_unsupported_operator_is_named_with_its_node():
     assert "Erf" not in CONVERTERS and {"Conv", "Relu", "Gemm"} <= set(CONVERTERS)
 
 
-def test_a_product_of_two_data_tensors_is_refused():
-    nodes = [helper.make_node("Mul", ["x", "x"], ["y"], name="square")]
-    with pytest.raises(UnsupportedModel, match=r"'square' \(Mul\).*not piecewise linear"):
-        Network.from_onnx(model(nodes, {}, ["n", 2], ["n", 2]))
+def test_a_matrix_product_of_two_data_tensors_is_refused_and_an_elementwise_one_read():
+    nodes = [helper.make_node("MatMul", ["x", "x"], ["y"], name="gram")]
+    with pytest.raises(UnsupportedModel, match=r"'gram' \(MatMul\): a matrix product"):
+        Network.from_onnx(model(nodes, {}, [2, 2], [2, 2]))
+    square = model([helper.make_node("Mul", ["x", "x"], ["y"])], {}, ["n", 2], ["n", 2])
+    x = np.random.default_rng(0).uniform(-3, 3, size=(50, 2))
+    np.testing.assert_allclose(Network.from_onnx(square).forward(x), x * x, rtol=1e-12)
 
 
 def test_a_fixed_batch_is_that_many_rows_of_one_input():

@@ -1,7 +1,8 @@
-"""Sigmoid and Tanh inside a network: loaded as layers of such neurons, bounded by their
-monotone intervals, and decided by bounds (the MILP does not model them), over the reals
-and in float32: `sat` exact in onnxruntime below a dense grid's best, `unsat` above it by
-more than the grid can miss, never a wrong answer."""
+"""Sigmoid, Tanh, Pow 2 and products of two computed tensors inside a network: loaded as
+layers of such neurons (a product as a difference of squares), bounded by their
+activations' intervals, and decided by bounds (the MILP does not model them), over the
+reals and in float32: `sat` exact in onnxruntime below a dense grid's best, `unsat` above
+it by more than the grid can miss, never a wrong answer."""
 
 from __future__ import annotations
 
@@ -136,3 +137,97 @@ def test_a_wide_squashing_network_takes_the_relu_search(tmp_path, capsys):
 def test_the_other_verifiers_refuse_a_squashing_network():
     with pytest.raises(UnsupportedModel, match="sigmoid or tanh inside the network"):
         load_checked(squashing(0, "Tanh", "Relu"))
+
+
+def products(seed: int) -> bytes:
+    """X [1,2] -> a = Gemm, b = Gemm -> Mul(a, b) and Pow(a, 2) -> Relu of their sum ->
+    Gemm -> Y [1,2]: products of two computed tensors."""
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, *shape: int) -> TensorProto:
+        return numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Gemm", ["X", "Wa", "Ba"], ["a"]),
+        helper.make_node("Gemm", ["X", "Wb", "Bb"], ["b"]),
+        helper.make_node("Mul", ["a", "b"], ["ab"]),
+        helper.make_node("Pow", ["a", "two"], ["aa"]),
+        helper.make_node("Sub", ["ab", "aa"], ["d"]),
+        helper.make_node("Relu", ["d"], ["h"]),
+        helper.make_node("Gemm", ["h", "W", "B"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2])],
+        [
+            tensor("Wa", 2, 4),
+            tensor("Ba", 4),
+            tensor("Wb", 2, 4),
+            tensor("Bb", 4),
+            tensor("W", 4, 2),
+            tensor("B", 2),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def products_by_hand(model: bytes, x: np.ndarray) -> np.ndarray:
+    w = {
+        t.name: numpy_helper.to_array(t).astype(np.float64)
+        for t in onnx.load_model_from_string(model).graph.initializer
+    }
+    a, b = x @ w["Wa"] + w["Ba"], x @ w["Wb"] + w["Bb"]
+    return np.maximum(a * b - a**2, 0.0) @ w["W"] + w["B"]
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**16), dtype=st.sampled_from(["real", "float32"]))
+def test_products_of_computed_tensors_are_decided_by_bounds(tmp_path, capsys, seed, dtype):
+    """Mul of two computed tensors and Pow 2, as squares: the loaded network is what
+    onnxruntime computes (within the rounding bounds in float32), and queries just below
+    a grid's best are `sat`, above it by more than the grid can miss `unsat`."""
+    model = products(seed)
+    network, runner = load_for(model, dtype)
+    probe = np.random.default_rng(seed).uniform(-1, 1, (64, 2)).astype(np.float32)
+    np.testing.assert_allclose(network.forward(probe), runner(probe), rtol=1e-4, atol=1e-4)
+    y = products_by_hand(model, GRID)[:, 0]
+    # slope bound of Y[0] over [-1, 1]²: |d(ab - a²)| <= |a||db| + |b||da| + 2|a||da|
+    w = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load_model_from_string(model).graph.initializer
+    }
+    size = lambda m, c: np.abs(m).sum(axis=0) + np.abs(c)  # noqa: E731
+    slope_a, slope_b = np.abs(w["Wa"]).sum(axis=0), np.abs(w["Wb"]).sum(axis=0)
+    big_a, big_b = size(w["Wa"], w["Ba"]), size(w["Wb"], w["Bb"])
+    inner = big_a * slope_b + big_b * slope_a + 2 * big_a * slope_a
+    slack = float(np.abs(w["W"][:, 0]) @ inner) / 400
+    box = [("-1.0", "1.0"), ("-1.0", "1.0")]
+    for threshold, answer in (
+        (float(y.max()) - 0.05, "sat"),
+        (float(y.max()) + slack + 0.01, "unsat"),
+    ):
+        text = query_2(box, 2, f"(>= Y[0,0] {threshold!r})", dtype=dtype)
+        lines = solve(tmp_path, model, text, capsys, timeout="30")
+        assert lines[0] == answer, (threshold, lines)
+        if answer == "sat":
+            x_text, y_text = values(lines, 2, 2)
+            x = np.array([float(v) for v in x_text])
+            reference = OnnxRunner(model, node_by_node=True)(x[None])[0]
+            assert [float(v) for v in reference] == [float(v) for v in y_text]
+            assert reference[0] >= threshold
+
+
+def test_a_power_other_than_1_or_2_of_a_computed_tensor_is_refused():
+    proto = onnx.load_model_from_string(products(0))  # the same graph with exponent 3
+    for t in proto.graph.initializer:
+        if t.name == "two":
+            t.CopyFrom(numpy_helper.from_array(np.array(3.0, np.float32), "two"))
+    with pytest.raises(UnsupportedModel, match=r"\(Pow\): a computed tensor to the power \[3.0\]"):
+        load_for(proto.SerializeToString(), "real")

@@ -5,7 +5,7 @@ Exporters leave shape arithmetic in the graph: ``Shape -> Gather -> Concat -> Re
 by onnx's reference evaluator, in the types the graph gives them; the importer then sees
 only their values. On a tensor computed from the network input, an operator here is an
 error naming the node (``Shape``, ``Size``, ``Expand`` and ``Where`` have converters for
-that case).
+that case). Operators with a converter (Pow, Add, ...) are folded by it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ FOLDED = frozenset(
         "Less",
         "Not",
         "Or",
-        "Pow",
         "Range",
         "Shape",
         "Size",

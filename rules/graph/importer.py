@@ -39,9 +39,10 @@ from vigil.rules.graph.values import (
 )
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
-HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh")
-"""A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid or Tanh
-inside the graph closes a layer as a ReLU does, its neurons marked with their code."""
+HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh", "square")
+"""A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid, Tanh or
+square (Pow 2, and a product of two computed tensors as a difference of squares) inside
+the graph closes a layer as a ReLU does, its neurons marked with their code."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,39 @@ class _Builder:
         top = Affine(rise.coef + low.coef, rise.offset + low.offset, low.error)
         return (top, *carried[1:])
 
+    def square(self, node: Node, value: Value, computed: bool) -> Value:
+        """value², as a layer of square neurons; ``computed``: the runtime computes the
+        square itself (Pow), one rounding more."""
+        if not isinstance(value, Affine):
+            return _rounded_square(value, self.precision)
+        out = self._close_layer(value, HIDDEN_ACTIVATIONS.index("square"))
+        if not computed or self.precision is None:
+            return out
+        p = self.precision
+        error = Affine(p.unit * out.coef, np.full(out.shape, p.tiny))  # the square's neurons >= 0
+        return Affine(out.coef, out.offset, error)
+
+    def product(self, node: Node, a: Value, b: Value) -> Value:
+        """a * b elementwise (broadcast) for two computed tensors, as ((a + b)² - (a - b)²)/4:
+        one layer of square neurons; the runtime's one rounding of the product, u |a b|, is
+        at most u ((a + b)² + (a - b)²)/4."""
+        neurons = a.neurons if isinstance(a, Affine) else b.neurons  # type: ignore[union-attr]
+        a, b = lift(a, neurons), lift(b, neurons)
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        a, b = (linear(v, _broadcaster(v.shape, shape)) for v in (a, b))
+        assert isinstance(a, Affine) and isinstance(b, Affine)
+        exact = _difference_error(a, b, neurons)
+        total = Affine(a.coef + b.coef, a.offset + b.offset, exact)
+        gap = Affine(a.coef - b.coef, a.offset - b.offset, exact)
+        squares = self.square(node, concatenate([_stacked(total), _stacked(gap)], 0), False)
+        assert isinstance(squares, Affine)
+        upper, lower = squares.coef[:, 0], squares.coef[:, 1]
+        error = None
+        if self.precision is not None:
+            p = self.precision
+            error = Affine(p.unit * (upper + lower) / 4, np.full(shape, p.tiny))
+        return Affine((upper - lower) / 4, np.zeros(shape), error)
+
     def head(self, node: Node, value: Value, kind: str) -> Value:
         if kind == "softmax" and int(np.prod(value.shape[:-1])) > 1:
             raise node.fail(
@@ -272,7 +306,7 @@ class _Builder:
                 used |= np.any(v.error.coef.reshape(n, -1) != 0, axis=1)
         cols = np.flatnonzero(used)
         # the network input, and tanh neurons, may be negative: h = relu(h) - relu(-h)
-        signed = not self.layers or bool((self.activations[-1] == 2).any())
+        signed = not self.layers or bool((self.activations[-1] == 2).any())  # 2: tanh
         pick = np.eye(n)[cols]
         w = np.vstack([value.coef.reshape(n, m).T, pick, *([-pick] if signed else [])])
         self.layers.append((w, np.concatenate([value.offset.reshape(m), np.zeros(len(w) - m)])))
@@ -307,6 +341,21 @@ class _Builder:
         out = np.zeros((width, m))
         out[:m] = np.eye(m)
         return Affine(out.reshape(width, *value.shape), np.zeros(value.shape))
+
+
+def _rounded_square(value: np.ndarray, precision: Tracked | None) -> np.ndarray:
+    square = value * value
+    return square if precision is None else square.astype(precision.dtype).astype(np.float64)
+
+
+def _broadcaster(shape: tuple[int, ...], target: tuple[int, ...]):
+    lead = (1,) * (len(target) - len(shape))
+    return lambda t: np.broadcast_to(t.reshape(len(t), *lead, *shape), (len(t), *target)).copy()
+
+
+def _stacked(value: Affine) -> Affine:
+    """``value`` with a new leading axis of size 1 (after the neuron axis)."""
+    return linear(value, lambda t: t[:, None])  # type: ignore[return-value]
 
 
 def _flatten(t: np.ndarray) -> np.ndarray:

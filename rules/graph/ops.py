@@ -1,9 +1,10 @@
 """One converter per ONNX operator family, registered in ``CONVERTERS``.
 
 A converter gets the node (its input values, attributes and name) and the builder of the
-network, and returns the node's output value. Piecewise-linear operators only: linear maps
-act on ``Affine`` coefficients as on a batch (``values.linear``), ReLU and the output head
-are the builder's, and a product of two data tensors is refused by name.
+network, and returns the node's output value. Linear maps act on ``Affine`` coefficients
+as on a batch (``values.linear``); what closes a layer (ReLU, Sigmoid, Tanh, squares and
+elementwise products of computed tensors, MaxPool's maxima) and the output head are the
+builder's. An operator outside these is refused by name.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class Builder(Protocol):
     def head(self, node: Node, value: Value, kind: str) -> Value: ...
 
     def activation(self, node: Node, value: Value, kind: str) -> Value: ...
+
+    def square(self, node: Node, value: Value, computed: bool) -> Value: ...
+
+    def product(self, node: Node, a: Value, b: Value) -> Value: ...
 
     def maximum(
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
@@ -153,8 +158,8 @@ def _neg(node: Node, builder: Builder) -> Value:
 @converts("Mul", "Div")
 def _mul(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
-    if isinstance(a, Affine) and isinstance(b, Affine):
-        raise node.fail("a product of two tensors computed from the input is not piecewise linear")
+    if isinstance(a, Affine) and isinstance(b, Affine) and node.op == "Mul":
+        return builder.product(node, a, b)
     if node.op == "Div":
         if isinstance(b, Affine):
             raise node.fail("division by a tensor computed from the input")
@@ -167,11 +172,27 @@ def _mul(node: Node, builder: Builder) -> Value:
 # -- linear layers ---------------------------------------------------------------------------
 
 
+@converts("Pow")
+def _pow(node: Node, builder: Builder) -> Value:
+    """A computed tensor to a constant power: 1 is itself, 2 a layer of squares."""
+    exponent = node.const(1, "exponent")
+    if np.size(exponent) != 1 or float(np.ravel(exponent)[0]) not in (1.0, 2.0):
+        raise node.fail(
+            f"a computed tensor to the power {np.ravel(exponent).tolist()}: 1 and 2 are supported"
+        )
+    if float(np.ravel(exponent)[0]) == 1.0:
+        return node.data(0)
+    return builder.square(node, node.data(0), True)
+
+
 @converts("MatMul")
 def _matmul(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
     if isinstance(a, Affine) and isinstance(b, Affine):
-        raise node.fail("a product of two tensors computed from the input is not piecewise linear")
+        raise node.fail(
+            "a matrix product of two tensors computed from the input is not supported "
+            "(an elementwise Mul of them is)"
+        )
     p = builder.precision
     if isinstance(b, Affine):
         terms = a.shape[-1]

@@ -13,7 +13,7 @@ A network with rounding ``noise`` (``Network.with_noise``) is bounded with each 
 interval ``b ± noise``: the bounds then also hold for the network as computed in its
 floating-point type.
 
-A sigmoid or tanh neuron inside the network is bounded by the interval of its monotone
+A sigmoid, tanh or square neuron inside the network is bounded by the interval of its
 activation over its pre-activation bounds; back-substitution stops at it (its value
 enters a row's bound as that interval).
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.rules.reach.network import SIGMOID, TANH, Network
+from vigil.rules.reach.network import SIGMOID, SQUARE, TANH, Network
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,13 @@ def _post(
         if chosen.any():
             post_lo[:, chosen] = fn(low[:, chosen]) - error
             post_hi[:, chosen] = fn(high[:, chosen]) + error
+    chosen = codes == SQUARE
+    if chosen.any():  # z²: the smaller end's square, or 0 where the interval holds 0
+        low, high = low[:, chosen], high[:, chosen]
+        ends = np.maximum(low**2, high**2)
+        least = np.minimum(low**2, high**2) * (1.0 - _SQUASH_SLACK)
+        post_lo[:, chosen] = np.where((low < 0) & (high > 0), 0.0, least)
+        post_hi[:, chosen] = ends * (1.0 + _SQUASH_SLACK)
     return post_lo, post_hi
 
 

@@ -20,7 +20,7 @@ from vigil.rules.graph.importer import HIDDEN_ACTIVATIONS, OUTPUT_HEADS
 from vigil.rules.graph.precision import Precision
 
 OUTPUT_ACTIVATIONS = OUTPUT_HEADS
-RELU, SIGMOID, TANH = (HIDDEN_ACTIVATIONS.index(a) for a in ("relu", "sigmoid", "tanh"))
+RELU, SIGMOID, TANH, SQUARE = (HIDDEN_ACTIVATIONS.index(a) for a in HIDDEN_ACTIVATIONS)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -49,8 +49,8 @@ class Network:
     real one.
 
     ``activations``, when given, holds per hidden layer each neuron's activation code
-    (``HIDDEN_ACTIVATIONS``): a network with a sigmoid or tanh inside is verified by bounds
-    alone (``relu_only`` is False, and the MILP finisher does not apply).
+    (``HIDDEN_ACTIVATIONS``): a network with a sigmoid, tanh or square inside is verified by
+    bounds alone (``relu_only`` is False, and the MILP finisher does not apply).
     """
 
     weights: tuple[np.ndarray, ...]
@@ -97,6 +97,7 @@ class Network:
             kinds = self.activations[k]
             out[:, kinds == SIGMOID] = 1.0 / (1.0 + np.exp(-z[:, kinds == SIGMOID]))
             out[:, kinds == TANH] = np.tanh(z[:, kinds == TANH])
+            out[:, kinds == SQUARE] = z[:, kinds == SQUARE] ** 2
         return out
 
     def slope(self, k: int, z: np.ndarray) -> np.ndarray:
@@ -107,6 +108,7 @@ class Network:
             s = 1.0 / (1.0 + np.exp(-z[:, kinds == SIGMOID]))
             out[:, kinds == SIGMOID] = s * (1.0 - s)
             out[:, kinds == TANH] = 1.0 - np.tanh(z[:, kinds == TANH]) ** 2
+            out[:, kinds == SQUARE] = 2.0 * z[:, kinds == SQUARE]
         return out
 
     @classmethod

@@ -50,6 +50,11 @@ def rounding_noise(network: Network, lo: np.ndarray, hi: np.ndarray) -> Network:
             low, high = pre_activation_bounds(prefix, lo, hi)[-1]
             post_lo, post_hi = post_activation(network, k, low, high)
             magnitude = np.maximum(np.abs(post_lo), np.abs(post_hi)).max(axis=0)
+            if not magnitude.max(initial=0.0) < largest / 2:  # a square, say
+                raise ValueError(
+                    f"a neuron of layer {k + 1} may reach {magnitude.max():.3g} on this box, "
+                    f"beyond the {network.precision.name} range: overflow is not bounded"
+                )
     return network.with_noise(noise)
 
 
