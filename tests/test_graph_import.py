@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.onnx_models import conv_residual
 from vigil.rules.graph import CONVERTERS, UnsupportedModel
 from vigil.rules.reach.network import Network, OnnxRunner, load_checked
+from vigil.rules.reach.rounding import load_for
 
 
 def model(nodes, inits, shape, out, extra_inputs=()) -> bytes:
@@ -100,13 +101,28 @@ def test_an_unsupported_operator_is_named_with_its_node():
     assert "Erf" not in CONVERTERS and {"Conv", "Relu", "Gemm"} <= set(CONVERTERS)
 
 
-def test_a_matrix_product_of_two_data_tensors_is_refused_and_an_elementwise_one_read():
-    nodes = [helper.make_node("MatMul", ["x", "x"], ["y"], name="gram")]
-    with pytest.raises(UnsupportedModel, match=r"'gram' \(MatMul\): a matrix product"):
-        Network.from_onnx(model(nodes, {}, [2, 2], [2, 2]))
+def test_products_of_two_data_tensors_are_read_as_squares():
+    """Mul, MatMul and Pow of tensors computed from the input: a difference of squares,
+    exactly (the chain in float64 against numpy)."""
+    rng = np.random.default_rng(0)
     square = model([helper.make_node("Mul", ["x", "x"], ["y"])], {}, ["n", 2], ["n", 2])
-    x = np.random.default_rng(0).uniform(-3, 3, size=(50, 2))
+    x = rng.uniform(-3, 3, size=(50, 2))
     np.testing.assert_allclose(Network.from_onnx(square).forward(x), x * x, rtol=1e-12)
+    gram = model([helper.make_node("MatMul", ["x", "x"], ["y"])], {}, [2, 2], [2, 2])
+    m = rng.uniform(-3, 3, size=(50, 2, 2))
+    expected = (m @ m).reshape(50, -1)
+    np.testing.assert_allclose(
+        Network.from_onnx(gram).forward(m.reshape(50, -1)), expected, rtol=1e-9, atol=1e-9
+    )
+    cube = model(
+        [helper.make_node("Pow", ["x", "three"], ["y"])],
+        {"three": np.array(3.0, np.float32)},
+        ["n", 2],
+        ["n", 2],
+    )
+    np.testing.assert_allclose(Network.from_onnx(cube).forward(x), x**3, rtol=1e-9, atol=1e-9)
+    for source in (square, gram, cube):  # onnxruntime's float32 within the rounding bounds
+        load_for(source, "float32")
 
 
 def test_a_fixed_batch_is_that_many_rows_of_one_input():

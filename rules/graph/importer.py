@@ -40,6 +40,7 @@ from vigil.rules.graph.values import (
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
 HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh", "square")
+SQUARE = HIDDEN_ACTIVATIONS.index("square")
 """A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid, Tanh or
 square (Pow 2, and a product of two computed tensors as a difference of squares) inside
 the graph closes a layer as a ReLU does, its neurons marked with their code."""
@@ -229,36 +230,34 @@ class _Builder:
             return (np.maximum(a, b), *carry)
         neurons = a.neurons if isinstance(a, Affine) else b.neurons  # type: ignore[union-attr]
         b = lift(b, neurons)
-        held = [f"\0max:{node.name}:{k}" for k in range(1 + len(carry))]
-        for key, value in zip(held, (b, *carry), strict=True):  # held while the layer closes
-            self.env[key], self.uses[key] = value, 1
         gap = add(a, scale(b, np.float64(-1.0), self.precision, terms=0), self.precision)
         assert isinstance(gap, Affine)
-        rise = self._close_layer(Affine(gap.coef, gap.offset, _difference_error(a, b, neurons)))
-        carried = [self.env.pop(key) for key in held]
-        for key in held:
-            del self.uses[key]
-        low = carried[0]
+        gap = Affine(gap.coef, gap.offset, _difference_error(a, b, neurons))
+        rise, low, *carried = self._close_carrying(node, gap, 0, (b, *carry))
         assert isinstance(low, Affine)
         top = Affine(rise.coef + low.coef, rise.offset + low.offset, low.error)
-        return (top, *carried[1:])
+        return (top, *carried)
 
-    def square(self, node: Node, value: Value, computed: bool) -> Value:
-        """value², as a layer of square neurons; ``computed``: the runtime computes the
-        square itself (Pow), one rounding more."""
+    def square(
+        self, node: Node, value: Value, computed: bool, carry: tuple[Value, ...] = ()
+    ) -> tuple[Value, ...]:
+        """value², as a layer of square neurons, then ``carry`` carried through it;
+        ``computed``: the runtime computes the square itself (Pow), one rounding more."""
         if not isinstance(value, Affine):
-            return _rounded_square(value, self.precision)
-        out = self._close_layer(value, HIDDEN_ACTIVATIONS.index("square"))
+            return (_rounded_square(value, self.precision), *carry)
+        out, *carried = self._close_carrying(node, value, SQUARE, carry)
         if not computed or self.precision is None:
-            return out
+            return (out, *carried)
         p = self.precision
         error = Affine(p.unit * out.coef, np.full(out.shape, p.tiny))  # the square's neurons >= 0
-        return Affine(out.coef, out.offset, error)
+        return (Affine(out.coef, out.offset, error), *carried)
 
-    def product(self, node: Node, a: Value, b: Value) -> Value:
+    def product(
+        self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
+    ) -> tuple[Value, ...]:
         """a * b elementwise (broadcast) for two computed tensors, as ((a + b)² - (a - b)²)/4:
-        one layer of square neurons; the runtime's one rounding of the product, u |a b|, is
-        at most u ((a + b)² + (a - b)²)/4."""
+        one layer of square neurons, ``carry`` carried through it; the runtime's one
+        rounding of the product, u |a b|, is at most u ((a + b)² + (a - b)²)/4."""
         neurons = a.neurons if isinstance(a, Affine) else b.neurons  # type: ignore[union-attr]
         a, b = lift(a, neurons), lift(b, neurons)
         shape = np.broadcast_shapes(a.shape, b.shape)
@@ -267,14 +266,30 @@ class _Builder:
         exact = _difference_error(a, b, neurons)
         total = Affine(a.coef + b.coef, a.offset + b.offset, exact)
         gap = Affine(a.coef - b.coef, a.offset - b.offset, exact)
-        squares = self.square(node, concatenate([_stacked(total), _stacked(gap)], 0), False)
+        pair = concatenate([_stacked(total), _stacked(gap)], 0)
+        squares, *carried = self.square(node, pair, False, carry)
         assert isinstance(squares, Affine)
         upper, lower = squares.coef[:, 0], squares.coef[:, 1]
         error = None
         if self.precision is not None:
             p = self.precision
             error = Affine(p.unit * (upper + lower) / 4, np.full(shape, p.tiny))
-        return Affine((upper - lower) / 4, np.zeros(shape), error)
+        return (Affine((upper - lower) / 4, np.zeros(shape), error), *carried)
+
+    def _close_carrying(
+        self, node: Node, value: Affine, code: int, carry: tuple[Value, ...]
+    ) -> list[Value]:
+        """``_close_layer`` with the values ``carry`` held among the graph's tensors while
+        the layer closes, so that they are carried through it: the layer's output, then
+        them."""
+        held = [f"\0carry:{node.name}:{k}" for k in range(len(carry))]
+        for key, kept in zip(held, carry, strict=True):
+            self.env[key], self.uses[key] = kept, 1
+        out = self._close_layer(value, code)
+        carried = [self.env.pop(key) for key in held]
+        for key in held:
+            del self.uses[key]
+        return [out, *carried]
 
     def head(self, node: Node, value: Value, kind: str) -> Value:
         if kind == "softmax" and int(np.prod(value.shape[:-1])) > 1:

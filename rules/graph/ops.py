@@ -74,9 +74,13 @@ class Builder(Protocol):
 
     def activation(self, node: Node, value: Value, kind: str) -> Value: ...
 
-    def square(self, node: Node, value: Value, computed: bool) -> Value: ...
+    def square(
+        self, node: Node, value: Value, computed: bool, carry: tuple[Value, ...] = ()
+    ) -> tuple[Value, ...]: ...
 
-    def product(self, node: Node, a: Value, b: Value) -> Value: ...
+    def product(
+        self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
+    ) -> tuple[Value, ...]: ...
 
     def maximum(
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
@@ -159,7 +163,7 @@ def _neg(node: Node, builder: Builder) -> Value:
 def _mul(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
     if isinstance(a, Affine) and isinstance(b, Affine) and node.op == "Mul":
-        return builder.product(node, a, b)
+        return builder.product(node, a, b)[0]
     if node.op == "Div":
         if isinstance(b, Affine):
             raise node.fail("division by a tensor computed from the input")
@@ -172,28 +176,45 @@ def _mul(node: Node, builder: Builder) -> Value:
 # -- linear layers ---------------------------------------------------------------------------
 
 
+MAX_POWER = 8
+"""The largest integer power of a computed tensor read (each power above 2 is a layer)."""
+
+
 @converts("Pow")
 def _pow(node: Node, builder: Builder) -> Value:
-    """A computed tensor to a constant power: 1 is itself, 2 a layer of squares."""
-    exponent = node.const(1, "exponent")
-    if np.size(exponent) != 1 or float(np.ravel(exponent)[0]) not in (1.0, 2.0):
+    """A computed tensor to a constant integer power: 1 is itself, 2 a layer of squares,
+    n > 2 products with the tensor, one layer each, and the runtime's one rounding of
+    ``pow`` (up to an ulp) on top of the products' own."""
+    x, exponent = node.data(0), node.const(1, "exponent")
+    power = float(np.ravel(exponent)[0]) if np.size(exponent) == 1 else -1.0
+    if not (power.is_integer() and 1 <= power <= MAX_POWER):
         raise node.fail(
-            f"a computed tensor to the power {np.ravel(exponent).tolist()}: 1 and 2 are supported"
+            f"a computed tensor to the power {np.ravel(exponent).tolist()}: integer powers "
+            f"1 to {MAX_POWER} are supported"
         )
-    if float(np.ravel(exponent)[0]) == 1.0:
-        return node.data(0)
-    return builder.square(node, node.data(0), True)
+    if power == 1:
+        return x
+    if power == 2:
+        return builder.square(node, x, True)[0]
+    result = x
+    for _ in range(int(power) - 1):  # x carried through each product's layer
+        result, x = builder.product(node, result, x, (x,))
+    return scale(result, np.float64(1.0), builder.precision)
 
 
 @converts("MatMul")
 def _matmul(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
-    if isinstance(a, Affine) and isinstance(b, Affine):
-        raise node.fail(
-            "a matrix product of two tensors computed from the input is not supported "
-            "(an elementwise Mul of them is)"
-        )
     p = builder.precision
+    if isinstance(a, Affine) and isinstance(b, Affine):
+        # every product a_il b_lj at once (one layer of squares), then the sums over l
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            raise node.fail("a matrix product of two computed vectors is not supported")
+        rows = linear(a, lambda t: t[..., None])
+        cols = linear(b, lambda t: t[..., None, :, :])
+        terms = builder.product(node, rows, cols)[0]
+        total = lambda t: t.sum(axis=-2)  # noqa: E731
+        return product(terms, total, total, a.shape[-1], p)
     if isinstance(b, Affine):
         terms = a.shape[-1]
         return product(b, lambda t: np.matmul(a, t), lambda t: np.matmul(np.abs(a), t), terms, p)
