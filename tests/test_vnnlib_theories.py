@@ -307,3 +307,12 @@ def test_declarations_out_of_the_models_order_are_refused(tmp_path, capsys):
     args = ["verify", str(tmp_path / "q.vnnlib"), "--network", f"net={tmp_path / 'm.onnx'}"]
     assert main(args) == 2
     assert "the model's inputs, in order, are A (2 values), B (1 values)" in capsys.readouterr().err
+
+
+def test_polynomial_arithmetic_is_refused_with_the_theories_answered(tmp_path, capsys):
+    (tmp_path / "m.onnx").write_bytes(network(0).to_onnx())
+    box = [("-1.0", "1.0"), ("-1.0", "1.0")]
+    (tmp_path / "q.vnnlib").write_text(query_2(box, 2, "(<= (* Y[0,0] Y[0,1]) 1.0)"))
+    args = ["verify", str(tmp_path / "q.vnnlib"), "--network", f"net={tmp_path / 'm.onnx'}"]
+    assert main(args) == 2
+    assert "polynomial arithmetic is not supported" in capsys.readouterr().err

@@ -279,7 +279,13 @@ def _parse_v2(text: str, boxed: bool) -> Query:
 
     def linear(expr) -> tuple[np.ndarray, np.ndarray, float]:
         a_x, a_y = np.zeros(inputs), np.zeros(outputs)
-        linear_expr = expr.to_linear_expr()
+        try:
+            linear_expr = expr.to_linear_expr()
+        except vnnlib.VNNLibException as e:
+            raise SpecError(
+                f"{expr}: {e}; polynomial arithmetic is not supported (the arithmetic "
+                "theories answered are BND, OUTC and LIN)"
+            ) from None
         for term in linear_expr.terms:
             var = term.var
             if var.name not in shapes:
