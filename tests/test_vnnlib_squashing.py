@@ -56,6 +56,22 @@ def squashing(seed: int, first: str, second: str, width: int = 6, inputs: int = 
     return model.SerializeToString()
 
 
+def assert_decided(tmp_path, capsys, model: bytes, dtype: str, best: float, slack: float):
+    """``Y[0,0] >= t`` over [-1, 1]²: `sat` just below the grid's ``best``, the assignment
+    exact in onnxruntime; `unsat` above it by more than the grid can miss (``slack``)."""
+    box = [("-1.0", "1.0"), ("-1.0", "1.0")]
+    for threshold, answer in ((best - 0.05, "sat"), (best + slack + 0.01, "unsat")):
+        text = query_2(box, 2, f"(>= Y[0,0] {threshold!r})", dtype=dtype)
+        lines = solve(tmp_path, model, text, capsys, timeout="30")
+        assert lines[0] == answer, (threshold, lines)
+        if answer == "sat":
+            x_text, y_text = values(lines, 2, 2)
+            x = np.array([float(v) for v in x_text])
+            reference = OnnxRunner(model, node_by_node=True)(x[None])[0]
+            assert [float(v) for v in reference] == [float(v) for v in y_text]
+            assert reference[0] >= threshold
+
+
 ACTIVATIONS = ["Sigmoid", "Tanh", "Relu"]
 FUNCTIONS = {
     "Sigmoid": lambda z: 1.0 / (1.0 + np.exp(-z)),
@@ -88,7 +104,6 @@ def test_squashing_networks_are_decided_by_bounds(tmp_path, capsys, seed, first,
     model = squashing(seed, first, second)
     network, _ = load_for(model, dtype)
     assert not network.relu_only
-    runner = OnnxRunner(model, node_by_node=True)
     y = by_hand(model, first, second, GRID)[:, 0]
     # the grid misses at most the largest slope (in the max norm) times half a step
     weights = {
@@ -99,20 +114,7 @@ def test_squashing_networks_are_decided_by_bounds(tmp_path, capsys, seed, first,
     for name, extra in (("W0", 0.0), ("W1", 1.0), ("W2", 0.0)):  # W1 with the residual
         slope *= float(np.abs(weights[name]).sum(axis=0).max()) + extra
     slack = slope * 1.0 / 400
-    box = [("-1.0", "1.0"), ("-1.0", "1.0")]
-    for threshold, answer in (
-        (float(y.max()) - 0.05, "sat"),
-        (float(y.max()) + slack + 0.01, "unsat"),
-    ):
-        text = query_2(box, 2, f"(>= Y[0,0] {threshold!r})", dtype=dtype)
-        lines = solve(tmp_path, model, text, capsys, timeout="30")
-        assert lines[0] == answer, (threshold, lines)
-        if answer == "sat":
-            x_text, y_text = values(lines, 2, 2)
-            x = np.array([float(v) for v in x_text])
-            reference = runner(x[None])[0]
-            assert [float(v) for v in reference] == [float(v) for v in y_text]
-            assert reference[0] >= threshold
+    assert_decided(tmp_path, capsys, model, dtype, float(y.max()), slack)
 
 
 def test_a_wide_squashing_network_takes_the_relu_search(tmp_path, capsys):
@@ -208,20 +210,7 @@ def test_products_of_computed_tensors_are_decided_by_bounds(tmp_path, capsys, se
     big_a, big_b = size(w["Wa"], w["Ba"]), size(w["Wb"], w["Bb"])
     inner = big_a * slope_b + big_b * slope_a + 2 * big_a * slope_a
     slack = float(np.abs(w["W"][:, 0]) @ inner) / 400
-    box = [("-1.0", "1.0"), ("-1.0", "1.0")]
-    for threshold, answer in (
-        (float(y.max()) - 0.05, "sat"),
-        (float(y.max()) + slack + 0.01, "unsat"),
-    ):
-        text = query_2(box, 2, f"(>= Y[0,0] {threshold!r})", dtype=dtype)
-        lines = solve(tmp_path, model, text, capsys, timeout="30")
-        assert lines[0] == answer, (threshold, lines)
-        if answer == "sat":
-            x_text, y_text = values(lines, 2, 2)
-            x = np.array([float(v) for v in x_text])
-            reference = OnnxRunner(model, node_by_node=True)(x[None])[0]
-            assert [float(v) for v in reference] == [float(v) for v in y_text]
-            assert reference[0] >= threshold
+    assert_decided(tmp_path, capsys, model, dtype, float(y.max()), slack)
 
 
 def test_a_power_other_than_1_to_8_of_a_computed_tensor_is_refused():
