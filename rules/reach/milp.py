@@ -52,7 +52,8 @@ def box_counterexample(
         return "unknown", None
     if point is None:
         return "infeasible", None
-    return "found", point[model.input_cols]
+    # HiGHS may leave a column outside its bounds by its feasibility tolerance
+    return "found", np.clip(point[model.input_cols], lo, hi)
 
 
 def lp_bounds(
