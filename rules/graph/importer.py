@@ -32,6 +32,7 @@ from vigil.rules.graph.values import (
     UnsupportedModel,
     Value,
     add,
+    broadcast,
     concatenate,
     lift,
     linear,
@@ -40,7 +41,7 @@ from vigil.rules.graph.values import (
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
 HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh", "square")
-SQUARE = HIDDEN_ACTIVATIONS.index("square")
+TANH, SQUARE = HIDDEN_ACTIVATIONS.index("tanh"), HIDDEN_ACTIVATIONS.index("square")
 """A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid, Tanh or
 square (Pow 2, and a product of two computed tensors as a difference of squares) inside
 the graph closes a layer as a ReLU does, its neurons marked with their code."""
@@ -261,7 +262,7 @@ class _Builder:
         neurons = a.neurons if isinstance(a, Affine) else b.neurons  # type: ignore[union-attr]
         a, b = lift(a, neurons), lift(b, neurons)
         shape = np.broadcast_shapes(a.shape, b.shape)
-        a, b = (linear(v, _broadcaster(v.shape, shape)) for v in (a, b))
+        a, b = broadcast(a, shape), broadcast(b, shape)
         assert isinstance(a, Affine) and isinstance(b, Affine)
         exact = _difference_error(a, b, neurons)
         total = Affine(a.coef + b.coef, a.offset + b.offset, exact)
@@ -321,7 +322,7 @@ class _Builder:
                 used |= np.any(v.error.coef.reshape(n, -1) != 0, axis=1)
         cols = np.flatnonzero(used)
         # the network input, and tanh neurons, may be negative: h = relu(h) - relu(-h)
-        signed = not self.layers or bool((self.activations[-1] == 2).any())  # 2: tanh
+        signed = not self.layers or bool((self.activations[-1] == TANH).any())
         pick = np.eye(n)[cols]
         w = np.vstack([value.coef.reshape(n, m).T, pick, *([-pick] if signed else [])])
         self.layers.append((w, np.concatenate([value.offset.reshape(m), np.zeros(len(w) - m)])))
@@ -361,11 +362,6 @@ class _Builder:
 def _rounded_square(value: np.ndarray, precision: Tracked | None) -> np.ndarray:
     square = value * value
     return square if precision is None else square.astype(precision.dtype).astype(np.float64)
-
-
-def _broadcaster(shape: tuple[int, ...], target: tuple[int, ...]):
-    lead = (1,) * (len(target) - len(shape))
-    return lambda t: np.broadcast_to(t.reshape(len(t), *lead, *shape), (len(t), *target)).copy()
 
 
 def _stacked(value: Affine) -> Affine:

@@ -23,6 +23,7 @@ from vigil.rules.graph.values import (
     UnsupportedModel,
     Value,
     add,
+    broadcast,
     concatenate,
     linear,
     product,
@@ -561,13 +562,7 @@ def _shape_of(node: Node, builder: Builder) -> Value:
 def _expand(node: Node, builder: Builder) -> Value:
     x = node.data()
     target = tuple(int(v) for v in np.ravel(node.const(1, "shape")))
-    shape = np.broadcast_shapes(x.shape, target)
-    lead = (1,) * (len(shape) - len(x.shape))
-
-    def spread(t: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(t.reshape(len(t), *lead, *x.shape), (len(t), *shape)).copy()
-
-    return linear(x, spread)
+    return broadcast(x, np.broadcast_shapes(x.shape, target))
 
 
 @converts("Where")

@@ -57,6 +57,16 @@ def linear(value: Value, fn: Callable[[np.ndarray], np.ndarray]) -> Value:
     return fn(value[None])[0]
 
 
+def broadcast(value: Value, shape: tuple[int, ...]) -> Value:
+    """``value`` broadcast to ``shape`` (ONNX/numpy rules): entries are repeated, not
+    computed."""
+    own = value.shape
+    lead = (1,) * (len(shape) - len(own))
+    return linear(
+        value, lambda t: np.broadcast_to(t.reshape(len(t), *lead, *own), (len(t), *shape)).copy()
+    )
+
+
 def product(
     value: Value,
     fn: Callable[[np.ndarray], np.ndarray],

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.rules.reach.network import SIGMOID, SQUARE, TANH, Network
+from vigil.rules.reach.network import SIGMOID, SQUARE, TANH, Network, sigmoid
 
 
 @dataclass(frozen=True)
@@ -217,8 +217,6 @@ def pre_activation_bounds(
     return pre
 
 
-_SQUASH_SLACK = 8 * np.finfo(np.float64).eps
-"""Absolute slack on a sigmoid or tanh computed here in float64."""
 Squash = tuple[tuple[np.ndarray, ...], float] | None
 """Per hidden layer each neuron's activation code, and the activations' absolute error;
 None for a ReLU network."""
@@ -227,7 +225,7 @@ None for a ReLU network."""
 def _squash(network: Network) -> Squash:
     if network.relu_only or network.activations is None:
         return None
-    return network.activations, EXP_ERROR if network.precision is not None else _SQUASH_SLACK
+    return network.activations, EXP_ERROR if network.precision is not None else _ROUNDING
 
 
 def post_activation(
@@ -244,7 +242,7 @@ def _post(
     if squash is None or not squash[0][k].any():
         return post_lo, post_hi
     codes, error = squash[0][k], squash[1]
-    for code, fn in ((SIGMOID, _sigmoid), (TANH, np.tanh)):
+    for code, fn in ((SIGMOID, sigmoid), (TANH, np.tanh)):
         chosen = codes == code
         if chosen.any():
             post_lo[:, chosen] = fn(low[:, chosen]) - error
@@ -253,14 +251,10 @@ def _post(
     if chosen.any():  # z²: the smaller end's square, or 0 where the interval holds 0
         low, high = low[:, chosen], high[:, chosen]
         ends = np.maximum(low**2, high**2)
-        least = np.minimum(low**2, high**2) * (1.0 - _SQUASH_SLACK)
+        least = np.minimum(low**2, high**2) * (1.0 - _ROUNDING)
         post_lo[:, chosen] = np.where((low < 0) & (high > 0), 0.0, least)
-        post_hi[:, chosen] = ends * (1.0 + _SQUASH_SLACK)
+        post_hi[:, chosen] = ends * (1.0 + _ROUNDING)
     return post_lo, post_hi
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * z))  # no overflow where exp(-z) would
 
 
 def relu_relaxation(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,6 +23,11 @@ OUTPUT_ACTIVATIONS = OUTPUT_HEADS
 RELU, SIGMOID, TANH, SQUARE = (HIDDEN_ACTIVATIONS.index(a) for a in HIDDEN_ACTIVATIONS)
 
 
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-z), without overflow where e^-z would."""
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     """``a`` as a read-only float64 array no one else can write to."""
     a = np.asarray(a, dtype=np.float64)
@@ -95,7 +100,7 @@ class Network:
         out = np.maximum(z, 0.0)
         if self.activations is not None and self.activations[k].any():
             kinds = self.activations[k]
-            out[:, kinds == SIGMOID] = 1.0 / (1.0 + np.exp(-z[:, kinds == SIGMOID]))
+            out[:, kinds == SIGMOID] = sigmoid(z[:, kinds == SIGMOID])
             out[:, kinds == TANH] = np.tanh(z[:, kinds == TANH])
             out[:, kinds == SQUARE] = z[:, kinds == SQUARE] ** 2
         return out
@@ -105,7 +110,7 @@ class Network:
         out = (z > 0).astype(np.float64)
         if self.activations is not None and self.activations[k].any():
             kinds = self.activations[k]
-            s = 1.0 / (1.0 + np.exp(-z[:, kinds == SIGMOID]))
+            s = sigmoid(z[:, kinds == SIGMOID])
             out[:, kinds == SIGMOID] = s * (1.0 - s)
             out[:, kinds == TANH] = 1.0 - np.tanh(z[:, kinds == TANH]) ** 2
             out[:, kinds == SQUARE] = 2.0 * z[:, kinds == SQUARE]
@@ -187,7 +192,7 @@ class Network:
     def activate(self, z: np.ndarray) -> np.ndarray:
         """The ``output`` activation of last-layer values (n, output_dim)."""
         if self.output == "sigmoid":
-            return 1.0 / (1.0 + np.exp(-z))
+            return sigmoid(z)
         if self.output == "softmax":
             e = np.exp(z - z.max(axis=1, keepdims=True))
             return e / e.sum(axis=1, keepdims=True)
