@@ -64,8 +64,11 @@ EXP_ERROR = 2.0**-20
 """With a floating-point type, how far the runtime's sigmoid, tanh or softmax may be from
 the real one on the same logits, in absolute terms: onnxruntime's float32 kernels compute
 exp by a polynomial, off by up to 3.2e-7 on 10^6 logits from -1000 to 1000
-(``tests/test_vnnlib_floats.py`` measures it). Their outputs are not kept in [0, 1]: a
-float32 Sigmoid over 10^6 logits returned 1.0000001, so the bounds are not clipped."""
+(``tests/test_vnnlib_floats.py`` measures it). A float32 Sigmoid over 10^6 logits returned
+1.0000001, so sigmoid and tanh bounds are not clipped to their real range. Softmax's are
+clipped to [0, 1]: the kernel scales non-negative exponentials e_i by the rounded
+reciprocal of their sum S >= e_i (rounding is monotone), and e_i fl(1/S) <= 1 + u rounds
+to at most 1."""
 
 
 def activation_bounds(
@@ -88,6 +91,8 @@ def activation_bounds(
     y_low, y_high = _reciprocal(t_low, -1.0, scale), _reciprocal(t_high, 1.0, scale)
     if computed:
         y_low, y_high = y_low - EXP_ERROR, y_high + EXP_ERROR
+        if output == "softmax":
+            y_low, y_high = np.maximum(y_low, 0.0), np.minimum(y_high, 1.0)
     return y_low, y_high
 
 
