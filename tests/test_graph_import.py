@@ -114,6 +114,30 @@ def test_products_of_two_data_tensors_are_read_as_squares():
     np.testing.assert_allclose(
         Network.from_onnx(gram).forward(m.reshape(50, -1)), expected, rtol=1e-9, atol=1e-9
     )
+    # 1-D operands, promoted as numpy does: a row times a matrix, a matrix times a column,
+    # and the inner product of two vectors
+    halves = [
+        helper.make_node("Slice", ["x", "zero", "two", "zero"], ["v"]),
+        helper.make_node("Slice", ["x", "two", "four", "zero"], ["w"]),
+        helper.make_node("Reshape", ["x", "square_shape"], ["m"]),
+    ]
+    ints = {
+        "zero": np.array([0]),
+        "two": np.array([2]),
+        "four": np.array([4]),
+        "square_shape": np.array([2, 2]),
+    }
+    flat = rng.uniform(-3, 3, size=(50, 4))
+    v, w, m = flat[:, :2], flat[:, 2:], flat.reshape(50, 2, 2)
+    for left, right, out, expected in (
+        ("v", "m", [2], np.einsum("ni,nij->nj", v, m)),
+        ("m", "w", [2], np.einsum("nij,nj->ni", m, w)),
+        ("v", "w", [], np.einsum("ni,ni->n", v, w)[:, None]),
+    ):
+        vectors = model([*halves, helper.make_node("MatMul", [left, right], ["y"])], ints, [4], out)
+        got = Network.from_onnx(vectors).forward(flat)
+        np.testing.assert_allclose(got, expected.reshape(50, -1), rtol=1e-9, atol=1e-9)
+        load_for(vectors, "float32")
     cube = model(
         [helper.make_node("Pow", ["x", "three"], ["y"])],
         {"three": np.array(3.0, np.float32)},

@@ -1,8 +1,9 @@
-"""The shape and reduction operators the importer takes (Squeeze, Unsqueeze, Slice, Gather,
-ReduceSum, ReduceMean, Cast, Split): each model matches onnxruntime on random inputs, and a
-VNN-LIB 2.0 query just above its maximum is `unsat` and just below it `sat`, the maximum
-taken by onnxruntime at every corner of the box (the models are affine), over the reals and
-in float32."""
+"""The shape, reduction and affine operators the importer takes (Squeeze, Unsqueeze, Slice,
+Gather, ReduceSum, ReduceMean, Cast, Split, Transpose, Identity, Dropout, Constant in each
+attribute form, arithmetic with constants, the folded shape arithmetic): each model
+matches onnxruntime on random inputs, and a VNN-LIB 2.0 query just above its maximum is
+`unsat` and just below it `sat`, the maximum taken by onnxruntime at every corner of the
+box (the models are affine), over the reals and in float32."""
 
 from __future__ import annotations
 
@@ -96,6 +97,53 @@ MODELS = {
         "c",
         6,
         [const("parts", [1, 2])],
+    ),
+    "transpose, identity, dropout": model(
+        [
+            helper.make_node("Transpose", ["X"], ["t"], perm=[0, 2, 1]),
+            helper.make_node("Identity", ["t"], ["i"]),
+            helper.make_node("Dropout", ["i"], ["d"]),
+        ],
+        "d",
+        6,
+    ),
+    "constant forms": model(
+        [
+            helper.make_node("Constant", [], ["two"], value_float=2.0),
+            helper.make_node("Constant", [], ["steps"], value_floats=[0.5, -1.0, 0.25]),
+            helper.make_node("Constant", [], ["shape"], value_ints=[1, 6]),
+            helper.make_node("Constant", [], ["minus"], value_int=-1),
+            helper.make_node(
+                "Constant",
+                [],
+                ["third"],
+                value=helper.make_tensor("v", TensorProto.FLOAT, [], [3.0]),
+            ),
+            helper.make_node("Cast", ["minus"], ["minus_f"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["X", "two"], ["m"]),
+            helper.make_node("Add", ["m", "steps"], ["a"]),
+            helper.make_node("Mul", ["a", "minus_f"], ["n"]),
+            helper.make_node("Div", ["n", "third"], ["q"]),
+            helper.make_node("Reshape", ["q", "shape"], ["r"]),
+        ],
+        "r",
+        6,
+    ),
+    "arithmetic with constants and sums of tensors": model(
+        [
+            helper.make_node("Sub", ["X", "c"], ["s"]),
+            helper.make_node("Neg", ["s"], ["n"]),
+            helper.make_node("Div", ["n", "c"], ["q"]),
+            helper.make_node("Add", ["q", "X"], ["a"]),
+            helper.make_node("Sub", ["c", "a"], ["b"]),
+            helper.make_node("MatMul", ["b", "M"], ["p"]),
+        ],
+        "p",
+        4,
+        [
+            const("c", [[[2.0, -0.5, 4.0]]], np.float32),
+            const("M", np.arange(6).reshape(3, 2) - 2.5, np.float32),
+        ],
     ),
     # exporters' shape arithmetic, folded to constants: a mask and weights from Range,
     # Pow, Sqrt and comparisons; Expand and Where on the data itself

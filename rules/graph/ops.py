@@ -208,14 +208,18 @@ def _matmul(node: Node, builder: Builder) -> Value:
     a, b = node.data(0), node.data(1)
     p = builder.precision
     if isinstance(a, Affine) and isinstance(b, Affine):
+        # a 1-D operand is a matrix of one row (a) or one column (b), dropped afterwards
+        vector_a, vector_b = len(a.shape) == 1, len(b.shape) == 1
+        a = linear(a, lambda t: t[..., None, :]) if vector_a else a
+        b = linear(b, lambda t: t[..., None]) if vector_b else b
         # every product a_il b_lj at once (one layer of squares), then the sums over l
-        if len(a.shape) < 2 or len(b.shape) < 2:
-            raise node.fail("a matrix product of two computed vectors is not supported")
         rows = linear(a, lambda t: t[..., None])
         cols = linear(b, lambda t: t[..., None, :, :])
         terms = builder.product(node, rows, cols)[0]
         total = lambda t: t.sum(axis=-2)  # noqa: E731
-        return product(terms, total, total, a.shape[-1], p)
+        out = product(terms, total, total, a.shape[-1], p)
+        out = linear(out, lambda t: t[..., 0, :]) if vector_a else out
+        return linear(out, lambda t: t[..., 0]) if vector_b else out
     if isinstance(b, Affine):
         terms = a.shape[-1]
         return product(b, lambda t: np.matmul(a, t), lambda t: np.matmul(np.abs(a), t), terms, p)

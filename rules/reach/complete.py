@@ -372,7 +372,8 @@ class _BranchAndBound:
             bisections = -np.log2(np.where(self.fixed, 1.0, share)).sum(axis=1)
             exact = share.max(axis=1) < MILP_WIDTH
             if self.network.output == "none":
-                exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
+                if self.network.relu_only:  # deep and nearly stable: the MILP decides
+                    exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
                 for i in np.flatnonzero(exact):
                     outcome = self._milp(lo[i], hi[i], open_[i], deadline)
                     if isinstance(outcome, tuple):
