@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vigil-vnnlib verify: error: {e}", file=sys.stderr)
         return 2
     print(RESULTS[verdict.result])
+    if verdict.reason:  # why no verdict: for the log, not the driver
+        print(f"vigil-vnnlib verify: {verdict.result}: {verdict.reason}", file=sys.stderr)
     if verdict.result == "sat":
         print(assignment(query, verdict), end="")
     return 0

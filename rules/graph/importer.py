@@ -40,11 +40,12 @@ from vigil.rules.graph.values import (
 )
 
 OUTPUT_HEADS = ("none", "sigmoid", "softmax")
-HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh", "square")
-TANH, SQUARE = HIDDEN_ACTIVATIONS.index("tanh"), HIDDEN_ACTIVATIONS.index("square")
-"""A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid, Tanh or
-square (Pow 2, and a product of two computed tensors as a difference of squares) inside
-the graph closes a layer as a ReLU does, its neurons marked with their code."""
+HIDDEN_ACTIVATIONS = ("relu", "sigmoid", "tanh", "square", "power")
+TANH, SQUARE, POWER = (HIDDEN_ACTIVATIONS.index(a) for a in ("tanh", "square", "power"))
+"""A hidden neuron's activation, by its code in ``Imported.activations``: a Sigmoid, Tanh,
+square (Pow 2, and a product of two computed tensors as a difference of squares) or power
+(Pow to a positive non-integer exponent, ``Imported.exponents``) inside the graph closes a
+layer as a ReLU does, its neurons marked with their code."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Imported:
     peaks: list[tuple[np.ndarray, float]] | None = None
     activations: list[np.ndarray] | None = None
     """Per hidden layer, each neuron's code in ``HIDDEN_ACTIVATIONS``; None: all ReLUs."""
+    exponents: list[np.ndarray] | None = None
+    """Per hidden layer, each power neuron's exponent (NaN for the others); None: no power
+    neurons."""
 
 
 def element_type(model: onnx.ModelProto) -> str:
@@ -109,10 +113,12 @@ def import_graph(
     flat = [linear(lift(r, neurons), _flatten) for r in results]  # type: ignore[arg-type]
     layers = builder.finish(concatenate(flat, 0))  # type: ignore[arg-type]
     codes = builder.activations if any(a.any() for a in builder.activations) else None
+    powers = any((a == POWER).any() for a in builder.activations)
+    exponents = builder.exponents if powers else None
     tracked = builder.precision
     if tracked is None:
-        return Imported(layers, builder.output, activations=codes)
-    return Imported(layers, builder.output, builder.rounding, tracked.peaks, codes)
+        return Imported(layers, builder.output, activations=codes, exponents=exponents)
+    return Imported(layers, builder.output, builder.rounding, tracked.peaks, codes, exponents)
 
 
 class _Builder:
@@ -125,6 +131,7 @@ class _Builder:
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
         self.rounding: list[tuple[np.ndarray, np.ndarray]] = []
         self.activations: list[np.ndarray] = []
+        self.exponents: list[np.ndarray] = []
         self.output = "none"
         self.node_outputs: tuple[str, ...] = ()  # of the node being converted
         self.graph_outputs = {o.name for o in graph.output}
@@ -253,6 +260,17 @@ class _Builder:
         error = Affine(p.unit * out.coef, np.full(out.shape, p.tiny))  # the square's neurons >= 0
         return (Affine(out.coef, out.offset, error), *carried)
 
+    def power(self, node: Node, value: Affine, exponent: float) -> Affine:
+        """value ** exponent for a positive non-integer exponent, as a layer of power
+        neurons (onnxruntime's NaN below 0 is left to the verifier, ``POWER``); the
+        runtime's ``pow`` is within an ulp, 2 u |y|."""
+        out = self._close_layer(value, POWER, exponent)
+        if self.precision is None:
+            return out
+        p = self.precision
+        error = Affine(2 * p.unit * out.coef, np.full(out.shape, p.tiny))  # the power's >= 0
+        return Affine(out.coef, out.offset, error)
+
     def product(
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
     ) -> tuple[Value, ...]:
@@ -308,7 +326,7 @@ class _Builder:
             self.precision.close(value.neurons)
         return [*self.layers, (w, value.offset.reshape(-1))]
 
-    def _close_layer(self, value: Affine, code: int = 0) -> Affine:
+    def _close_layer(self, value: Affine, code: int = 0, exponent: float = np.nan) -> Affine:
         """ReLU (or the activation ``code``) of ``value`` as a new layer; the tensors used
         later are carried through it as ReLUs and re-expressed over the new layer's
         neurons."""
@@ -330,6 +348,7 @@ class _Builder:
         self.activations.append(
             np.concatenate([np.full(m, code), np.zeros(width - m)]).astype(np.int8)
         )
+        self.exponents.append(np.concatenate([np.full(m, exponent), np.full(width - m, np.nan)]))
         # the carried neurons pass the ReLU exactly: no rounding in their rows
         r_w, r_b = _rounding(value)
         if self.precision is not None:

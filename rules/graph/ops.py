@@ -83,6 +83,8 @@ class Builder(Protocol):
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
     ) -> tuple[Value, ...]: ...
 
+    def power(self, node: Node, value: Affine, exponent: float) -> Affine: ...
+
     def maximum(
         self, node: Node, a: Value, b: Value, carry: tuple[Value, ...] = ()
     ) -> tuple[Value, ...]: ...
@@ -178,20 +180,28 @@ def _mul(node: Node, builder: Builder) -> Value:
 
 
 MAX_POWER = 8
-"""The largest integer power of a computed tensor read (each power above 2 is a layer)."""
+"""The largest integer power of a computed tensor read as products (each power above 2 is
+a layer)."""
 
 
 @converts("Pow")
 def _pow(node: Node, builder: Builder) -> Value:
-    """A computed tensor to a constant integer power: 1 is itself, 2 a layer of squares,
-    n > 2 products with the tensor, one layer each, and the runtime's one rounding of
-    ``pow`` (up to an ulp) on top of the products' own."""
+    """A tensor to a constant power. Of a computed tensor: 1 is itself, 2 a layer of
+    squares, integers n > 2 products with the tensor, one layer each, and the runtime's
+    one rounding of ``pow`` (up to an ulp) on top of the products' own; a positive
+    non-integer exponent a layer of power neurons."""
     x, exponent = node.data(0), node.const(1, "exponent")
-    power = float(np.ravel(exponent)[0]) if np.size(exponent) == 1 else -1.0
+    if not isinstance(x, Affine):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return scale(np.power(x, exponent), np.float64(1.0), builder.precision)
+    power = float(np.ravel(exponent)[0]) if np.size(exponent) == 1 else np.nan
+    if power > 0 and not power.is_integer():
+        return builder.power(node, x, power)
     if not (power.is_integer() and 1 <= power <= MAX_POWER):
         raise node.fail(
             f"a computed tensor to the power {np.ravel(exponent).tolist()}: integer powers "
-            f"1 to {MAX_POWER} are supported"
+            f"1 to {MAX_POWER} and positive non-integer ones (one exponent for the whole "
+            f"tensor) are supported"
         )
     if power == 1:
         return x

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.rules.reach.network import SIGMOID, SQUARE, TANH, Network, sigmoid
+from vigil.rules.reach.network import POWER, SIGMOID, SQUARE, TANH, Network, sigmoid
 
 
 @dataclass(frozen=True)
@@ -222,15 +222,16 @@ def pre_activation_bounds(
     return pre
 
 
-Squash = tuple[tuple[np.ndarray, ...], float] | None
-"""Per hidden layer each neuron's activation code, and the activations' absolute error;
-None for a ReLU network."""
+Squash = tuple[tuple[np.ndarray, ...], float, tuple[np.ndarray, ...] | None] | None
+"""Per hidden layer each neuron's activation code, the activations' absolute error, and
+the power neurons' exponents; None for a ReLU network."""
 
 
 def _squash(network: Network) -> Squash:
     if network.relu_only or network.activations is None:
         return None
-    return network.activations, EXP_ERROR if network.precision is not None else _ROUNDING
+    error = EXP_ERROR if network.precision is not None else _ROUNDING
+    return network.activations, error, network.exponents
 
 
 def post_activation(
@@ -259,6 +260,11 @@ def _post(
         least = np.minimum(low**2, high**2) * (1.0 - _ROUNDING)
         post_lo[:, chosen] = np.where((low < 0) & (high > 0), 0.0, least)
         post_hi[:, chosen] = ends * (1.0 + _ROUNDING)
+    chosen = codes == POWER
+    if chosen.any():  # z^p of max(z, 0), increasing: what onnxruntime computes for z >= 0
+        p = squash[2][k][chosen]  # type: ignore[index]
+        post_lo[:, chosen] = np.maximum(low[:, chosen], 0.0) ** p * (1.0 - _ROUNDING)
+        post_hi[:, chosen] = np.maximum(high[:, chosen], 0.0) ** p * (1.0 + _ROUNDING)
     return post_lo, post_hi
 
 

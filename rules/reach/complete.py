@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vigil.rules.reach.backward import output_bounds
+from vigil.rules.reach.backward import output_bounds, pre_activation_bounds
 from vigil.rules.reach.milp import box_counterexample
-from vigil.rules.reach.network import Network
+from vigil.rules.reach.network import POWER, Network
 from vigil.rules.reach.query import Case, Query, shut
 from vigil.rules.reach.relu_split import WHOLE_OUTPUT_SPACE, ReluSplit, bytes_per_branch
 from vigil.rules.reach.rounding import rounding_noise
@@ -147,9 +147,27 @@ def verify(
         left = sum(bab.waiting for bab in searches)
         return Verdict("timeout", seconds, stats=stats, reason=f"{left} branches still open")
     undecided = [bab.undecided for bab in searches if bab.undecided]
+    undecided += [reason for case in query.cases if (reason := _power_domain(network, case))]
     if undecided:
         return Verdict("unknown", seconds, stats=stats, reason=undecided[0])
     return Verdict("unsat", seconds, stats=stats)
+
+
+def _power_domain(network: Network, case: Case) -> str:
+    """Why bounds cannot prove the case empty: a power neuron (``POWER``) whose base is not
+    shown non-negative over the case's box. The bounds are those of ``max(z, 0)^p``, which
+    onnxruntime computes only where ``z >= 0`` (below, NaN, which a later operator such as
+    a ReLU may turn into a number)."""
+    if network.activations is None or not any((a == POWER).any() for a in network.activations):
+        return ""
+    pre = pre_activation_bounds(network, case.lower[None], case.upper[None])
+    for k, ((low, _), codes) in enumerate(zip(pre, network.activations, strict=False)):
+        if (low[0, codes == POWER] < 0).any():
+            return (
+                f"the base of a non-integer power in layer {k + 1} may be negative on the "
+                f"box, where onnxruntime computes NaN: no bound covers that"
+            )
+    return ""
 
 
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -20,7 +20,7 @@ from vigil.rules.graph.importer import HIDDEN_ACTIVATIONS, OUTPUT_HEADS
 from vigil.rules.graph.precision import Precision
 
 OUTPUT_ACTIVATIONS = OUTPUT_HEADS
-RELU, SIGMOID, TANH, SQUARE = (HIDDEN_ACTIVATIONS.index(a) for a in HIDDEN_ACTIVATIONS)
+RELU, SIGMOID, TANH, SQUARE, POWER = (HIDDEN_ACTIVATIONS.index(a) for a in HIDDEN_ACTIVATIONS)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -54,8 +54,10 @@ class Network:
     real one.
 
     ``activations``, when given, holds per hidden layer each neuron's activation code
-    (``HIDDEN_ACTIVATIONS``): a network with a sigmoid, tanh or square inside is verified by
-    bounds alone (``relu_only`` is False, and the MILP finisher does not apply).
+    (``HIDDEN_ACTIVATIONS``): a network with a sigmoid, tanh, square or power inside is
+    verified by bounds alone (``relu_only`` is False, and the MILP finisher does not apply).
+    ``exponents`` holds per hidden layer each power neuron's exponent (NaN elsewhere): z^p,
+    NaN for z < 0 as onnxruntime computes it.
     """
 
     weights: tuple[np.ndarray, ...]
@@ -66,6 +68,7 @@ class Network:
     peaks: tuple[tuple[np.ndarray, float], ...] | None = None
     noise: tuple[np.ndarray, ...] | None = None
     activations: tuple[np.ndarray, ...] | None = None
+    exponents: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", tuple(_frozen(w) for w in self.weights))
@@ -85,6 +88,12 @@ class Network:
             w.shape[0] for w in self.weights[:-1]
         ]:
             raise ValueError("one activation code per hidden neuron is needed")
+        powers = self.activations is not None and any((a == POWER).any() for a in self.activations)
+        if powers and (
+            self.exponents is None
+            or [len(e) for e in self.exponents] != [len(a) for a in self.activations]  # type: ignore[union-attr]
+        ):
+            raise ValueError("one exponent per hidden neuron is needed with power neurons")
 
     @property
     def relu_only(self) -> bool:
@@ -103,6 +112,10 @@ class Network:
             out[:, kinds == SIGMOID] = sigmoid(z[:, kinds == SIGMOID])
             out[:, kinds == TANH] = np.tanh(z[:, kinds == TANH])
             out[:, kinds == SQUARE] = z[:, kinds == SQUARE] ** 2
+            power = kinds == POWER
+            if power.any():
+                with np.errstate(invalid="ignore"):
+                    out[:, power] = np.power(z[:, power], self.exponents[k][power])  # type: ignore[index]
         return out
 
     def slope(self, k: int, z: np.ndarray) -> np.ndarray:
@@ -114,6 +127,11 @@ class Network:
             out[:, kinds == SIGMOID] = s * (1.0 - s)
             out[:, kinds == TANH] = 1.0 - np.tanh(z[:, kinds == TANH]) ** 2
             out[:, kinds == SQUARE] = 2.0 * z[:, kinds == SQUARE]
+            power = kinds == POWER
+            if power.any():  # 0 where the power is NaN or its slope infinite
+                base, p = z[:, power], self.exponents[k][power]  # type: ignore[index]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    out[:, power] = np.where(base > 0, p * np.power(base, p - 1), 0.0)
         return out
 
     @classmethod
@@ -150,7 +168,8 @@ class Network:
         imported = import_graph(model, precision, hidden)
         network = cls.from_arrays(imported.layers, imported.output)
         if imported.activations is not None:
-            network = replace(network, activations=tuple(imported.activations))
+            exponents = None if imported.exponents is None else tuple(imported.exponents)
+            network = replace(network, activations=tuple(imported.activations), exponents=exponents)
         if imported.rounding is None or imported.peaks is None:
             return network
         return replace(

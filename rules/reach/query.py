@@ -249,11 +249,16 @@ def joint_network(network: Network) -> Network:
         if peaks is not None and network.peaks is not None:
             p, q = network.peaks[k]
             peaks.append((np.concatenate([p, np.zeros(wide.shape[1] - len(p))]), q))
-    activations = None
+    activations = exponents = None
     if network.activations is not None:  # the carried input's neurons are ReLUs
         activations = tuple(
             np.concatenate([a, np.zeros(len(w) - len(a), dtype=a.dtype)])
             for a, w in zip(network.activations, weights[:-1], strict=True)
+        )
+    if network.exponents is not None:
+        exponents = tuple(
+            np.concatenate([e, np.full(len(w) - len(e), np.nan)])
+            for e, w in zip(network.exponents, weights[:-1], strict=True)
         )
     return replace(
         Network.from_arrays(list(zip(weights, biases, strict=True))),
@@ -261,6 +266,7 @@ def joint_network(network: Network) -> Network:
         rounding=None if rounding is None else tuple(rounding),
         peaks=None if peaks is None else tuple(peaks),
         activations=activations,
+        exponents=exponents,
     )
 
 

@@ -46,6 +46,7 @@ def rounding_noise(network: Network, lo: np.ndarray, hi: np.ndarray) -> Network:
                 precision=network.precision,
                 noise=tuple(noise),
                 activations=None if network.activations is None else network.activations[: k + 1],
+                exponents=None if network.exponents is None else network.exponents[: k + 1],
             )
             low, high = pre_activation_bounds(prefix, lo, hi)[-1]
             post_lo, post_hi = post_activation(network, k, low, high)
