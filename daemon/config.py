@@ -548,10 +548,20 @@ class ReachRuleConfig(ServingKeys):
     inn_range: Annotated[float, Field(gt=0)] = 5.0
     rsr_gamma: Annotated[float, Field(gt=0)] = 1e-3
     timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
+    complete_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        default=0.0,
+        description="a step the reach sets leave unknown goes on to the complete search "
+        "for at most this long (0: off); it must fit in timeout_seconds",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ReachRuleConfig:
         self._check_format()
+        if self.complete_seconds >= self.timeout_seconds:
+            raise ValueError(
+                f"complete_seconds ({self.complete_seconds:g}) must be below timeout_seconds "
+                f"({self.timeout_seconds:g}), the limit of the whole step"
+            )
         if self.features is not None and self.format == "vigil":
             raise ValueError("features applies to format seldon or kserve for reach rules")
         Accelerations.parse(self.accelerations)

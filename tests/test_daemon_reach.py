@@ -33,7 +33,7 @@ def networks() -> tuple[Network, Network, OutputSpec]:
     return v1, v2, spec
 
 
-def rule_toml(spec: OutputSpec) -> str:
+def rule_toml(spec: OutputSpec, branches: int = 512, complete: float = 0.0) -> str:
     return f"""
 [[rules]]
 name = "reach"
@@ -46,8 +46,9 @@ window = 200
 eps = {EPS}
 C = {spec.C.tolist()}
 d = {spec.d.tolist()}
-max_branches = 512
+max_branches = {branches}
 accelerations = "bmi+lb+bmw+ic"
+complete_seconds = {complete}
 """
 
 
@@ -110,6 +111,46 @@ async def test_verification_events_follow_decisions_and_model_updates(kafka_boot
             (files("vigil.connectors") / "schemas" / "model_update.json").read_text()
         )
         jsonschema.validate(orjson.loads(updates[1]), update_schema)
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=40) == 0, daemon.log_text()
+    finally:
+        daemon.kill()
+
+
+async def test_a_step_the_branches_leave_unknown_is_decided_by_the_complete_search(
+    kafka_bootstrap, tmp_path
+):
+    """One branch cannot verify v1 here; the complete step does (`unsat`: holds), and finds
+    v2's counterexample (`sat`: violated), each confirmed as above."""
+    v1, v2, spec = networks()
+    (tmp_path / "model.onnx").write_bytes(v1.to_onnx())
+    rules = rule_toml(spec, branches=1, complete=20.0)
+    daemon = Daemon(kafka_bootstrap, tmp_path, extra_rules=rules)
+    x = np.random.default_rng(0).uniform(0, 1, size=(60, 3))
+    x[0], x[1] = 0.0, 1.0
+    await produce(kafka_bootstrap, daemon.topic, decisions(x), key=b"m")
+    daemon.start()
+    try:
+        first = await consume_all(kafka_bootstrap, daemon.verifications_topic, 1, 90, settle=1.0)
+        assert first, daemon.log_text()
+        event = first[-1]
+        assert (event["status"], event["complete"]) == ("holds", "unsat"), event
+        assert event["coverage"] < 1.0  # the branch alone proved less than the whole set
+        update = {"model": "m", "version": "2", "onnx": base64.b64encode(v2.to_onnx()).decode()}
+        await produce(kafka_bootstrap, daemon.topic_for("models"), [orjson.dumps(update)], key=b"m")
+        events = await consume_all(
+            kafka_bootstrap, daemon.verifications_topic, len(first) + 1, 90, settle=1.0
+        )
+        schema = json.loads(
+            (files("vigil.connectors") / "schemas" / "verification.json").read_text()
+        )
+        for e in events:
+            jsonschema.validate(e, schema)
+        violated = [e for e in events if e["version"] == "2"][-1]
+        assert violated["status"] == "violated", violated
+        point = np.array([violated["counterexample"]])
+        assert InputSet(np.full(3, -EPS), np.full(3, 1 + EPS)).contains(point, tol=1e-9)[0]
+        assert spec.violation(OnnxRunner(v2.to_onnx())(point))[0] > 0
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(timeout=40) == 0, daemon.log_text()
     finally:

@@ -74,6 +74,7 @@ class ReachRule(Rule):
             "accelerations": config.accelerations,
             "inn_range": config.inn_range,
             "rsr_gamma": config.rsr_gamma,
+            "complete_seconds": config.complete_seconds,
         }
         self.windows: dict[TopicPartition, np.ndarray] = {}  # last inputs, oldest first
         self.model: bytes | None = None

@@ -13,6 +13,7 @@ import orjson
 from vigil.daemon.cli._args import load_npy, seed
 from vigil.rules.reach.basis import sample
 from vigil.rules.reach.branch import reach_and_branch
+from vigil.rules.reach.complete import decide
 from vigil.rules.reach.network import OnnxRunner, load_checked
 from vigil.rules.reach.online import overall
 from vigil.rules.reach.query import safe_set
@@ -48,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-branches", type=int, default=250)
     p.add_argument("--method", choices=METHODS, default="symbolic")
     p.add_argument("--seed", type=seed, default=0, help="for the coverage estimate's samples")
+    p.add_argument(
+        "--complete-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="when the branches leave the answer unknown, decide it by the complete search "
+        "(vigil verify vnnlib's) within S seconds; 0: do not (default: 60)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -68,6 +77,8 @@ def _output_spec(args: argparse.Namespace) -> OutputSpec:
 def run(args: argparse.Namespace) -> int:
     if args.max_branches < 1:
         raise ValueError(f"--max-branches must be >= 1, got {args.max_branches}")
+    if not args.complete_seconds >= 0:
+        raise ValueError(f"--complete-seconds must be >= 0, got {args.complete_seconds}")
     if (args.A is None) != (args.b is None):
         raise ValueError("--A and --b go together")
     if not args.model.is_file():
@@ -92,12 +103,23 @@ def run(args: argparse.Namespace) -> int:
     coverage = branches.coverage(
         sample(inputs, _COVERAGE_SAMPLES, np.random.default_rng(args.seed))
     )
+    complete = None
+    if status == "unknown" and args.complete_seconds > 0:
+        confirm = runner if network.output == "none" else None
+        verdict = decide(network, inputs, spec, args.complete_seconds, confirm)
+        complete = verdict.result
+        if verdict.result == "unsat":
+            status = "holds"
+        elif verdict.result == "sat":
+            assert verdict.x is not None
+            status, point = "violated", verdict.x.tolist()
     result = {
         "status": status,
         "coverage": coverage,
         "branches": len(branches),
         "seconds": time.perf_counter() - start,
         "counterexample": point,
+        "complete": complete,
     }
     print(orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY).decode(), flush=True)
     return 0

@@ -20,16 +20,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from vigil.rules.reach.backward import output_bounds, pre_activation_bounds
 from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import POWER, Network
-from vigil.rules.reach.query import Case, Query, shut
+from vigil.rules.reach.query import Case, Query, joint_network, reach_query, shut
 from vigil.rules.reach.relu_split import WHOLE_OUTPUT_SPACE, ReluSplit, bytes_per_branch
 from vigil.rules.reach.rounding import rounding_noise
+from vigil.rules.reach.sets import InputSet, OutputSpec
 
 BATCH = 256
 """Boxes bounded together (one matrix product per layer for all of them)."""
@@ -51,6 +52,9 @@ BOX_STEPS = 6
 MILP_WIDTH = 1e-4
 """A box whose widest side (relative to the query's box) is below this goes to the MILP."""
 MILP_DEPTH, MILP_UNSTABLE = 20, 30
+MILP_MARGIN = 1e-6
+"""How far inside the unsafe region (relative to each row's bound, plus as much absolute)
+a MILP point is sought again when the evaluator rejects one on the region's boundary."""
 """A box bisected at least this often whose bounds leave at most this many neurons unstable
 goes to the MILP too: bisection had not closed it, and HiGHS decides such a box in
 milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went from timeouts
@@ -170,6 +174,28 @@ def _power_domain(network: Network, case: Case) -> str:
     return ""
 
 
+def decide(
+    network: Network,
+    inputs: InputSet,
+    spec: OutputSpec,
+    timeout: float,
+    confirm: Confirm | None = None,
+    memory: int = MEMORY,
+) -> Verdict:
+    """Whether every input of ``inputs`` gives last-layer values (the logits, behind a
+    sigmoid or softmax head) in ``spec``, by the same search as ``verify``: ``unsat`` when
+    it holds, ``sat`` with an input that breaks it as ``confirm`` computes those values
+    (by default the network's own layers)."""
+    logits = replace(network, output="none")
+    query = reach_query(inputs, spec)
+    own: Confirm = confirm or logits.forward
+    check = own
+    if query.joint:  # input constraints A x <= b: rows over (y, x)
+        logits = joint_network(logits)
+        check = lambda x: np.hstack([own(x), x])  # noqa: E731
+    return verify(logits, query, check, timeout=timeout, memory=memory)
+
+
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """The rows searches bound: C (R, m), d (R,), which polytope each belongs to (P, R), and
 which are strict (R,)."""
@@ -275,6 +301,37 @@ class _Search:
             x = np.clip(x - size * np.sign(grad), lo, hi)
             size = size * 0.75
         return None, closest
+
+    def milp(
+        self,
+        case: Case,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        c: np.ndarray,
+        d: np.ndarray,
+        seconds: float,
+        bounds: list[tuple[np.ndarray, np.ndarray]] | None = None,
+        any_row: bool = False,
+    ) -> tuple | str:
+        """``milp.box_counterexample`` with its point confirmed: a counterexample,
+        "infeasible", or "unknown" (the solver stopped, or the evaluator rejects its point).
+        The solver's region is closed and its point may lie on the boundary, or past it by
+        the solver's tolerance, where a strict row or a row without tolerance rejects it:
+        the region with every row moved inside by ``MILP_MARGIN`` is then tried once more
+        (infeasible there proves nothing, so it is not reported)."""
+        deadline = time.monotonic() + seconds
+        net = self.network
+        outcome, x = box_counterexample(net, lo, hi, c, d, seconds, bounds, any_row)
+        if outcome != "found":
+            return outcome
+        assert x is not None
+        found = self.confirmed(case, x[None])
+        left = deadline - time.monotonic()
+        if found is None and left > 0:
+            inside = d - MILP_MARGIN * (1.0 + np.abs(d))
+            outcome, x = box_counterexample(net, lo, hi, c, inside, left, bounds, any_row)
+            found = self.confirmed(case, x[None]) if x is not None else None
+        return found if found is not None else "unknown"
 
     def _objective(self, case: Case, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min over polytopes of max over rows of (c y - d), and its gradient in x (through
@@ -469,14 +526,11 @@ class _BranchAndBound:
             self.stats["milp"] += 1
             c, d = self.case.unsafe[p]
             seconds = max(deadline - time.monotonic(), 0.1)
-            outcome, x = box_counterexample(self.network, lo, hi, c, d, seconds)
-            if outcome == "found":
-                found = self.search.confirmed(self.case, x[None])
-                if found is not None:
-                    return found
-                return "unknown"  # feasible in exact arithmetic, not for the evaluator
+            outcome = self.search.milp(self.case, lo, hi, c, d, seconds)
+            if isinstance(outcome, tuple):
+                return outcome
             if outcome != "infeasible":
-                return "unknown"
+                return "unknown"  # the solver stopped, or no point the evaluator accepts
         return "unsat"
 
 

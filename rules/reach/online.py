@@ -17,11 +17,15 @@ Six accelerations of Wei & Liu, each switchable:
 
 Without BMI (BMW) a changed input set (network) means reach + branch from scratch. All branches
 are rebuilt when the coverage rate falls ``rebuild_drop`` below its value after the last rebuild.
+
+A step the branches leave ``unknown`` may go on to the complete search (``complete.decide``,
+within ``complete_seconds``): its ``unsat`` makes the step ``holds``, its ``sat`` ``violated``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +42,7 @@ from vigil.rules.reach.branch import (
     grow,
     reach_and_branch,
 )
+from vigil.rules.reach.complete import decide
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.sets import InputSet, OutputSpec
 from vigil.rules.reach.symbolic import LAYER_FIELDS, LayerInput
@@ -97,6 +102,9 @@ class StepResult:
     rebuilt: bool
     seconds: float
     counterexample: list[float] | None
+    complete: str | None = None
+    """The complete search's answer (``sat``, ``unsat``, ``timeout``, ``unknown``) when the
+    branches left the step unknown; None when it did not run."""
 
     def to_dict(self) -> dict:
         return {
@@ -108,6 +116,7 @@ class StepResult:
             "rebuilt": self.rebuilt,
             "seconds": self.seconds,
             "counterexample": self.counterexample,
+            "complete": self.complete,
         }
 
 
@@ -137,10 +146,14 @@ class OnlineVerifier:
         coverage_samples: int = 1000,
         rebuild_drop: float = 0.05,
         seed: int = 0,
+        complete_seconds: float = 0.0,
     ) -> None:
         if max_branches < 1 or coverage_samples < 1:
             raise ValueError("max_branches and coverage_samples must be >= 1")
+        if not complete_seconds >= 0:
+            raise ValueError(f"complete_seconds must be >= 0, got {complete_seconds}")
         self.spec = spec
+        self.complete_seconds = complete_seconds
         self.max_branches = max_branches
         self.acc = accelerations or Accelerations()
         self.method = method
@@ -156,6 +169,7 @@ class OnlineVerifier:
         self._change: np.ndarray | None = None  # largest one-step change seen, per layer
         self._coverage_now = 0.0
         self._verdict: tuple[str, list[float] | None] = ("unknown", None)
+        self._complete: str | None = None
         self._lipschitz: float | None = None
         self._samples: np.ndarray | None = None
         self._sample_branch = np.zeros(0, dtype=np.int64)
@@ -168,8 +182,15 @@ class OnlineVerifier:
         self._inn_scale = 1.0  # halved while the interval network loses coverage
         self._rebuild_next = False
 
-    def step(self, inputs: InputSet, network: Network) -> StepResult:
-        """Verify ``network`` on ``inputs`` now, reusing earlier results where still valid."""
+    def step(
+        self,
+        inputs: InputSet,
+        network: Network,
+        confirm: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> StepResult:
+        """Verify ``network`` on ``inputs`` now, reusing earlier results where still valid;
+        ``confirm`` computes the network's last-layer values for the complete search's
+        counterexamples (onnxruntime; by default the network's own layers)."""
         if inputs.dim != network.input_dim or network.output_dim != self.spec.output_dim:
             raise ValueError(
                 f"network maps {network.input_dim} -> {network.output_dim}, but the input set has "
@@ -192,7 +213,9 @@ class OnlineVerifier:
         self._inputs, self._network = inputs, network
         if rebuild or recomputed or input_changed:  # else no branch changed since the last step
             self._coverage_now = self._coverage(inputs, fresh=rebuild)
-            self._verdict = overall(self.branches)
+            self._verdict, self._complete = overall(self.branches), None
+            if self._verdict[0] == "unknown" and self.complete_seconds > 0:
+                self._decide(inputs, network, confirm)
         coverage = self._coverage_now
         shrink = False
         if rebuild:
@@ -213,7 +236,23 @@ class OnlineVerifier:
             rebuild,
             time.perf_counter() - start,
             point,
+            self._complete,
         )
+
+    def _decide(
+        self,
+        inputs: InputSet,
+        network: Network,
+        confirm: Callable[[np.ndarray], np.ndarray] | None,
+    ) -> None:
+        """The complete search on the whole set, for a step the branches left unknown."""
+        verdict = decide(network, inputs, self.spec, self.complete_seconds, confirm)
+        self._complete = verdict.result
+        if verdict.result == "unsat":
+            self._verdict = ("holds", None)
+        elif verdict.result == "sat":
+            assert verdict.x is not None
+            self._verdict = ("violated", verdict.x.tolist())
 
     def _observe(self, network: Network) -> int | None:
         """First layer whose weights changed since the last step (None: none, -1: new shape).

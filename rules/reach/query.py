@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from vigil.rules.reach.network import Network
-from vigil.rules.reach.sets import SpecError
+from vigil.rules.reach.sets import InputSet, OutputSpec, SpecError
 
 
 @dataclass(frozen=True, eq=False)
@@ -293,3 +293,16 @@ def safe_set(query: Query) -> tuple[np.ndarray, np.ndarray]:
     c = np.vstack([c for c, _ in case.unsafe])
     d = np.concatenate([d for _, d in case.unsafe])
     return -c, -d
+
+
+def reach_query(inputs: InputSet, spec: OutputSpec) -> Query:
+    """The query whose counterexamples are the inputs of ``inputs`` with an output outside
+    ``spec`` (a ``reach`` rule's question asked of the complete search): one polytope per
+    spec row, ``c y > d`` (strict), with the rows of ``A x <= b`` (then ``joint``)."""
+    n, m = inputs.dim, spec.output_dim
+    eye, none_x, none_y = np.eye(n), np.zeros(n), np.zeros(m)
+    box: list[Row] = [(eye[i], none_y, float(inputs.upper[i]), False) for i in range(n)]
+    box += [(-eye[i], none_y, -float(inputs.lower[i]), False) for i in range(n)]
+    box += [(a, none_y, float(b), False) for a, b in zip(inputs.A, inputs.b, strict=True)]
+    clauses = [[*box, (none_x, -c, -float(d), True)] for c, d in zip(spec.C, spec.d, strict=True)]
+    return query_from_clauses(clauses, n, m)

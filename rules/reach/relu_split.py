@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from vigil.rules.reach.backward import SplitBounds, split_bounds
-from vigil.rules.reach.milp import box_counterexample, lp_bounds
+from vigil.rules.reach.milp import lp_bounds
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case, shut
 
@@ -60,6 +60,18 @@ class Searcher(Protocol):
     def restarts(self, case: Case, rng: np.random.Generator, deadline: float) -> tuple | None: ...
 
     def confirmed(self, case: Case, x: np.ndarray) -> tuple | None: ...
+
+    def milp(
+        self,
+        case: Case,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        c: np.ndarray,
+        d: np.ndarray,
+        seconds: float,
+        bounds: list[tuple[np.ndarray, np.ndarray]] | None = None,
+        any_row: bool = False,
+    ) -> tuple | str: ...
 
 
 def bytes_per_branch(network: Network, rows: int) -> int:
@@ -285,10 +297,9 @@ class ReluSplit:
             else:
                 c, d = self.case.unsafe[p]
             lo, hi = self.case.lower, self.case.upper
-            outcome, x = box_counterexample(self.network, lo, hi, c, d, seconds, bounds, single)
-            if outcome == "found":
-                found = self.search.confirmed(self.case, x[None])
-                return found if found is not None else "unknown"
+            outcome = self.search.milp(self.case, lo, hi, c, d, seconds, bounds, single)
+            if isinstance(outcome, tuple):
+                return outcome
             if outcome != "infeasible":
                 return "timeout" if time.monotonic() >= deadline else "unknown"
             open_[polytopes if single else p] = False

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vigil.rules.reach.network import Network, load_checked
+from vigil.rules.reach.network import Network, OnnxRunner, load_checked
 from vigil.rules.reach.online import Accelerations, OnlineVerifier
 from vigil.rules.reach.sets import InputSet, OutputSpec
 
@@ -22,6 +22,7 @@ class _Lane:
     verifier: OnlineVerifier
     version: str | None = None
     network: Network | None = None
+    runner: OnnxRunner | None = None
 
 
 _LANES: dict[str, _Lane] = {}
@@ -52,12 +53,17 @@ def step(
             options["accelerations"], rsr=options["rsr_gamma"], inn=options["inn_range"]
         )
         verifier = OnlineVerifier(
-            spec, max_branches=options["max_branches"], accelerations=accelerations
+            spec,
+            max_branches=options["max_branches"],
+            accelerations=accelerations,
+            complete_seconds=options["complete_seconds"],
         )
         lane = _LANES[key] = _Lane(options, verifier)
     if onnx is not None:
-        lane.network, _ = load_checked(onnx)
+        lane.network, lane.runner = load_checked(onnx)
         lane.version = version
     if lane.version != version or lane.network is None:
         return {"need_model": True}
-    return lane.verifier.step(InputSet(lower, upper), lane.network).to_dict()
+    # onnxruntime computes what the spec is on, the last layer, unless a head follows it
+    confirm = lane.runner if lane.network.output == "none" else None
+    return lane.verifier.step(InputSet(lower, upper), lane.network, confirm).to_dict()

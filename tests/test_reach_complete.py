@@ -1,0 +1,111 @@
+"""The complete search behind the reach verifiers: a step the branches leave `unknown` is
+decided by it (`holds` from its `unsat`, `violated` from its `sat`), checked against the
+independent MILP over the same box or polytope."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.milp_oracle import max_violation
+from tests.test_reach_network import write_problem
+from vigil.daemon.cli import main
+from vigil.daemon.config import ReachRuleConfig
+from vigil.rules.reach.network import Network
+from vigil.rules.reach.online import OnlineVerifier
+from vigil.rules.reach.sets import InputSet, OutputSpec
+
+
+def network(seed: int, inputs: int, hidden: int, outputs: int) -> Network:
+    rng = np.random.default_rng(seed)
+    return Network.from_arrays(
+        [
+            (rng.normal(size=(hidden, inputs)), rng.normal(size=hidden)),
+            (rng.normal(size=(hidden, hidden)), rng.normal(size=hidden)),
+            (rng.normal(size=(outputs, hidden)), rng.normal(size=outputs)),
+        ]
+    )
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    inputs=st.integers(2, 4),
+    hidden=st.integers(4, 12),
+    rows=st.integers(1, 3),
+    half_plane=st.booleans(),
+    offset=st.sampled_from([-0.05, -1e-3, 1e-3, 0.05]),
+)
+def test_an_unknown_step_is_decided_as_the_milp_decides_it(
+    seed, inputs, hidden, rows, half_plane, offset
+):
+    """One branch only, so the reach sets rarely decide: the complete search answers, and
+    the answer is the MILP's (a counterexample in the set, outside the spec)."""
+    net = network(seed, inputs, hidden, 2)
+    rng = np.random.default_rng(seed + 1)
+    lower = rng.uniform(-1.0, 0.0, inputs)
+    upper = lower + rng.uniform(0.2, 1.0, inputs)
+    a, b = (
+        (np.ones((1, inputs)), [float(lower.sum() + upper.sum()) / 2]) if half_plane else ((), ())
+    )
+    region = InputSet(lower, upper, *((a, b) if half_plane else ()))
+    c = rng.normal(size=(rows, 2))
+    worst, _ = max_violation(net, region, OutputSpec(c, np.zeros(rows)))
+    spec = OutputSpec(c, np.full(rows, worst - offset))  # offset > 0: the spec is broken
+    result = OnlineVerifier(spec, max_branches=1, complete_seconds=30.0).step(region, net)
+    if result.complete is None:  # the branches decided alone
+        assert result.status in ("holds", "violated")
+    else:
+        assert result.complete in ("sat", "unsat")
+        assert result.status == {"sat": "violated", "unsat": "holds"}[result.complete]
+    assert result.status == ("violated" if offset > 0 else "holds")
+    if result.status == "violated":
+        x = np.array([result.counterexample])
+        assert region.contains(x)[0]
+        assert spec.violation(net.forward(x))[0] > 0
+
+
+def test_the_complete_step_runs_only_on_unknown_steps_and_only_when_asked():
+    net = network(7, 3, 10, 2)
+    region = InputSet(-np.ones(3), np.ones(3))
+    c = np.array([[1.0, -1.0]])
+    worst, _ = max_violation(net, region, OutputSpec(c, [0.0]))
+    spec = OutputSpec(c, [worst + 0.01])  # holds, by a margin the sets need branches for
+    off = OnlineVerifier(spec, max_branches=1).step(region, net)
+    assert off.status == "unknown" and off.complete is None
+    verifier = OnlineVerifier(spec, max_branches=1, complete_seconds=30.0)
+    first = verifier.step(region, net)
+    assert (first.status, first.complete) == ("holds", "unsat")
+    again = verifier.step(region, net)  # nothing changed: the answer stands, nothing reruns
+    assert (again.status, again.complete, again.recomputed) == ("holds", "unsat", 0)
+    with pytest.raises(ValueError, match="complete_seconds must be >= 0"):
+        OnlineVerifier(spec, complete_seconds=-1.0)
+
+
+@pytest.mark.parametrize("slack", [0.02, -0.02])
+def test_verify_reach_decides_what_its_branches_leave_unknown(tmp_path, capsys, slack):
+    net = network(3, 2, 12, 1)
+    lower, upper, c = -np.ones(2), np.ones(2), np.array([[1.0]])
+    worst, _ = max_violation(net, InputSet(lower, upper), OutputSpec(c, np.zeros(1)))
+    argv = write_problem(tmp_path, net, lower, upper, c, [worst + slack])
+    assert main([*argv, "--max-branches", "1", "--complete-seconds", "0"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["status"] == "unknown"
+    assert main([*argv, "--max-branches", "1"]) == 0
+    result = orjson.loads(capsys.readouterr().out)
+    assert result["complete"] == ("unsat" if slack > 0 else "sat")
+    assert result["status"] == ("holds" if slack > 0 else "violated")
+    if slack < 0:
+        x = np.array([result["counterexample"]])
+        assert np.all((x >= lower) & (x <= upper))
+        assert net.forward(x)[0, 0] > worst + slack
+
+
+def test_a_rule_whose_complete_step_cannot_fit_its_timeout_is_refused():
+    keys = {"kind": "reach", "name": "r", "topic": "t", "model": "m", "onnx": "m.onnx"}
+    keys |= {"C": [[1.0]], "d": [0.0], "timeout_seconds": 10.0}
+    assert ReachRuleConfig(**keys, complete_seconds=5.0).complete_seconds == 5.0
+    with pytest.raises(ValueError, match=r"complete_seconds \(10\) must be below timeout_seconds"):
+        ReachRuleConfig(**keys, complete_seconds=10.0)
