@@ -116,6 +116,19 @@ def test_a_softmax_output_never_leaves_0_1(tmp_path, capsys, dtype):
     assert lines[0] == "sat" and float(values(lines, 2, 2)[1][0]) == 0.0
 
 
+@pytest.mark.parametrize("dtype", ["real", "float32"])
+def test_a_sigmoid_head_is_decided_on_its_output(tmp_path, capsys, dtype):
+    """Y = sigmoid(X0 - X1) with X0 in [-1, 0], X1 in [0, 1]: at most sigmoid(0) = 0.5."""
+    model = Network.from_arrays([([[1.0, -1.0]], [0.0])], output="sigmoid").to_onnx()
+    box = [("-1.0", "0.0"), ("0.0", "1.0")]
+    above = query_2(box, 1, "(> Y[0,0] 0.51)", dtype=dtype)
+    assert solve(tmp_path, model, above, capsys) == ["unsat"]
+    lines = solve(tmp_path, model, query_2(box, 1, "(>= Y[0,0] 0.45)", dtype=dtype), capsys)
+    x, y = assignment(lines, 2, 1)
+    assert lines[0] == "sat" and y[0] >= 0.45
+    assert np.array_equal(y, OnnxRunner(model)(x[None])[0])
+
+
 def test_constraints_on_a_softmax_are_on_its_output_not_the_logits(tmp_path, capsys):
     """The logits never reach 0.5 here (X[0] <= 0), the softmax does (about 0.9999):
     bounding the logits instead answered unsat."""
