@@ -23,9 +23,10 @@ from vigil.connectors.events import Record
 from vigil.connectors.serving.message import Inference, Role
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Waiting:
-    """One side of an inference and the record it came from (snapshots keep the record)."""
+    """One side of an inference and the record it came from (snapshots keep the record).
+    Built once per record and never modified; not frozen, as ``Record`` is not."""
 
     inference: Inference
     record: Record

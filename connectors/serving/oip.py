@@ -9,7 +9,6 @@ tensor.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import struct
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ FIXED: dict[str, str] = {
     "FP64": "<f8",
 }
 """Datatypes of a fixed width, as numpy dtypes (BF16 is read through FP32, BYTES apart)."""
+_WIDTH = {datatype: np.dtype(dtype).itemsize for datatype, dtype in FIXED.items()}
 
 DATATYPES = (*FIXED, "BF16", "BYTES")
 _KNOWN = frozenset(DATATYPES)
@@ -82,8 +82,7 @@ def from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> Tens
     if datatype == "BF16":
         width, dtype = 2, "<u2"
     else:
-        dtype = FIXED[datatype]
-        width = np.dtype(dtype).itemsize
+        dtype, width = FIXED[datatype], _WIDTH[datatype]
     if len(raw) != count * width:
         raise BadEvent(
             "schema",
@@ -186,15 +185,29 @@ def _flatten(data: object) -> list[Any]:
 
 
 def _checked_shape(name: str, datatype: object, shape: object) -> tuple[int, ...]:
+    """``shape`` (a JSON list, or protobuf's repeated field) as sizes; once per tensor of
+    every record, so without a context manager or a generator."""
     if datatype not in _KNOWN:
         raise BadEvent("schema", f"tensor {name!r}: unknown datatype {datatype!r}")
-    dims = None
-    if not isinstance(shape, str | bytes | dict):
-        with contextlib.suppress(TypeError):  # a JSON list, or protobuf's repeated field
+    dims: tuple | None = None
+    if not isinstance(shape, _NOT_SHAPES):
+        try:  # noqa: SIM105 (a context manager costs a microsecond a tensor)
             dims = tuple(shape)  # type: ignore[call-overload]
-    if dims is None or not all(type(d) is int and d >= 0 for d in dims):
+        except TypeError:
+            pass
+    if dims is None or not _sizes(dims):
         raise BadEvent("schema", f"tensor {name!r}: shape {shape!r} is not a list of sizes")
     return dims
+
+
+_NOT_SHAPES = (str, bytes, dict)
+
+
+def _sizes(dims: tuple) -> bool:
+    for d in dims:  # noqa: SIM110 (a generator costs as much again)
+        if type(d) is not int or d < 0:
+            return False
+    return True
 
 
 def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:

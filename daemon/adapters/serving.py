@@ -205,7 +205,7 @@ class ServingJoin(Rule):
                         result.events.append(self._dead(record, source, "undecodable", error))
                     continue
                 pair, expired = join.add(inference, source, source.timestamp_ms)
-                if live:
+                if live and expired:
                     result.events += [self._unmatched(record, e) for e in expired]
                 if pair is not None:
                     self._decisions(record, *pair, result, live)
