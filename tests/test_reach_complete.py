@@ -15,7 +15,7 @@ from tests.test_reach_network import write_problem
 from vigil.daemon.cli import main
 from vigil.daemon.config import ReachRuleConfig
 from vigil.rules.reach.network import Network
-from vigil.rules.reach.online import OnlineVerifier
+from vigil.rules.reach.online import Accelerations, OnlineVerifier
 from vigil.rules.reach.sets import InputSet, OutputSpec
 
 
@@ -109,3 +109,26 @@ def test_a_rule_whose_complete_step_cannot_fit_its_timeout_is_refused():
     assert ReachRuleConfig(**keys, complete_seconds=5.0).complete_seconds == 5.0
     with pytest.raises(ValueError, match=r"complete_seconds \(10\) must be below timeout_seconds"):
         ReachRuleConfig(**keys, complete_seconds=10.0)
+
+
+def test_a_complete_answer_is_not_kept_for_other_weights():
+    """Small weight changes inside the interval network's range (INN), where the branches
+    need no recomputation: the complete search's answer was for the old weights only, so
+    it is asked again, and the last change breaks the spec (the output bias moves the row
+    ``y0 - y1`` by exactly the shift)."""
+    net = network(7, 3, 10, 2)
+    region = InputSet(-np.ones(3), np.ones(3))
+    c = np.array([[1.0, -1.0]])
+    worst, _ = max_violation(net, region, OutputSpec(c, [0.0]))
+    spec = OutputSpec(c, [worst + 2e-3])
+    accelerations = Accelerations.parse("bmi+lb+bmw+inn+ic")
+    verifier = OnlineVerifier(
+        spec, max_branches=1, accelerations=accelerations, complete_seconds=30.0
+    )
+    for shift in (0.0, -1e-3, 0.0, 4e-3):  # the interval: 5 times the change of 1e-3
+        moved = Network(net.weights, (*net.biases[:-1], net.biases[-1] + [shift, 0.0]))
+        result = verifier.step(region, moved)
+        assert result.status == ("violated" if shift > 2e-3 else "holds"), (shift, result)
+    assert result.recomputed == 0  # the branches stood; only the complete answer was redone
+    x = np.array([result.counterexample])
+    assert spec.violation(moved.forward(x))[0] > 0

@@ -52,13 +52,13 @@ BOX_STEPS = 6
 MILP_WIDTH = 1e-4
 """A box whose widest side (relative to the query's box) is below this goes to the MILP."""
 MILP_DEPTH, MILP_UNSTABLE = 20, 30
+"""A box of a ReLU network bisected at least this often whose bounds leave at most this
+many neurons unstable goes to the MILP too: bisection had not closed it, and HiGHS decides
+such a box in milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went
+from timeouts to 52 and 81 s (docs/benchmarks.md)."""
 MILP_MARGIN = 1e-6
 """How far inside the unsafe region (relative to each row's bound, plus as much absolute)
 a MILP point is sought again when the evaluator rejects one on the region's boundary."""
-"""A box bisected at least this often whose bounds leave at most this many neurons unstable
-goes to the MILP too: bisection had not closed it, and HiGHS decides such a box in
-milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went from timeouts
-to 52 and 81 s (docs/benchmarks.md)."""
 
 INPUT_SPLIT_DIMS = 16
 """Networks with at most this many inputs are searched by bisecting the input box, others

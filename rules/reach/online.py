@@ -211,7 +211,10 @@ class OnlineVerifier:
         else:
             reused, recomputed = self._update(inputs, network, first_changed, input_changed)
         self._inputs, self._network = inputs, network
-        if rebuild or recomputed or input_changed:  # else no branch changed since the last step
+        # a complete search's answer is for these weights only (branches may hold for an
+        # interval of them)
+        stale = self._complete is not None and first_changed is not None
+        if rebuild or recomputed or input_changed or stale:  # else nothing changed
             self._coverage_now = self._coverage(inputs, fresh=rebuild)
             self._verdict, self._complete = overall(self.branches), None
             if self._verdict[0] == "unknown" and self.complete_seconds > 0:
