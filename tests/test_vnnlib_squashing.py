@@ -6,6 +6,8 @@ best, `unsat` above it by more than the grid can miss, never a wrong answer."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import pytest
@@ -16,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.test_vnnlib_semantics import query_2, solve, values
 from vigil.daemon.cli._standard import main
 from vigil.rules.graph import UnsupportedModel
-from vigil.rules.reach.network import OnnxRunner, load_checked
+from vigil.rules.reach.backward import output_bounds, smooth_relaxation
+from vigil.rules.reach.network import SIGMOID, TANH, OnnxRunner, load_checked
 from vigil.rules.reach.rounding import load_for
 
 GRID = np.stack(np.meshgrid(*[np.linspace(-1.0, 1.0, 401)] * 2), -1).reshape(-1, 2)
@@ -333,3 +336,52 @@ def test_a_power_of_a_tensor_that_may_be_negative_is_never_unsat(tmp_path, capsy
     assert lines[0] == "sat"
     x = np.array([float(v) for v in values(lines, 2, 2)[0]])
     assert runner(x[None])[0, 0] >= best - 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    code=st.sampled_from(["sigmoid", "tanh"]),
+    ends=st.lists(
+        st.floats(-60.0, 60.0, allow_nan=False) | st.floats(-1e-3, 1e-3, allow_nan=False),
+        min_size=2,
+        max_size=2,
+    ),
+)
+def test_the_parallel_lines_hold_the_function_between_them(code, ends):
+    """Dense points of [lo, hi] (and its ends) lie between the two lines, evaluated in
+    extended precision; the lines are no further apart than the function's values at the
+    ends."""
+    lo, hi = min(ends), max(ends)
+    kind = SIGMOID if code == "sigmoid" else TANH
+    a, below, above = smooth_relaxation(kind, np.array([[lo]]), np.array([[hi]]), 0.0)
+    z = np.linspace(lo, hi, 20_001).astype(np.longdouble)
+    f = 1 / (1 + np.exp(-z)) if code == "sigmoid" else np.tanh(z)
+    line = np.longdouble(a[0, 0]) * z
+    assert np.all(f - line >= np.longdouble(below[0, 0]))
+    assert np.all(f - line <= np.longdouble(above[0, 0]))
+    # never further apart than the interval's ends: f(z) - a z moves less than f does
+    assert above[0, 0] - below[0, 0] <= float(f[-1] - f[0]) + 1e-9
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    first=st.sampled_from(ACTIVATIONS[:2]),
+    second=st.sampled_from(ACTIVATIONS),
+    radius=st.sampled_from([0.05, 0.5, 3.0]),
+)
+def test_the_bounds_through_squashing_layers_hold_every_sampled_output(seed, first, second, radius):
+    """Output bounds of the loaded network (real arithmetic) over a box against numpy's
+    own evaluation of the graph at many points of it, its corners included."""
+    model = squashing(seed, first, second, inputs=3)
+    network, _ = load_for(model, "real")
+    rng = np.random.default_rng(seed)
+    centre = rng.uniform(-1.0, 1.0, 3)
+    lo, hi = centre - radius, centre + radius
+    corners = np.array(list(itertools.product(*zip(lo, hi, strict=True))))
+    points = np.vstack([lo + (hi - lo) * rng.random((4000, 3)), corners])
+    y = by_hand(model, first, second, points)
+    rows = np.vstack([np.eye(2), -np.eye(2)])
+    upper = output_bounds(network, lo[None], hi[None], rows).upper[0]
+    assert np.all(y.max(axis=0) <= upper[:2] + 1e-9)
+    assert np.all(-y.min(axis=0) <= upper[2:] + 1e-9)

@@ -268,6 +268,34 @@ def _post(
     return post_lo, post_hi
 
 
+def smooth_relaxation(
+    code: int, lo: np.ndarray, hi: np.ndarray, error: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two parallel lines around sigmoid or tanh (``code``) on [lo, hi]: ``a z + below <=
+    f(z) <= a z + above``, ``a`` the chord's slope. f(z) - a z is extreme at the ends or
+    where f'(z) = a, which both functions' unimodal derivatives give in closed form (at most
+    two points); ``error`` is f's own (``_squash``), and the evaluation adds a few ulps of
+    the terms."""
+    fn = sigmoid if code == SIGMOID else np.tanh
+    width = hi - lo
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(width > 1e-12, (fn(hi) - fn(lo)) / width, 0.0)
+    a = np.maximum(a, 0.0)
+    if code == SIGMOID:  # s (1 - s) = a
+        root = np.sqrt(np.maximum(1.0 - 4.0 * np.minimum(a, 0.25), 0.0))
+        s = np.clip(np.stack([(1.0 - root) / 2, (1.0 + root) / 2]), 1e-300, 1.0 - 1e-16)
+        points = np.log(s) - np.log1p(-s)
+    else:  # 1 - t^2 = a
+        t = np.sqrt(np.maximum(1.0 - np.minimum(a, 1.0), 0.0))
+        points = np.arctanh(np.clip(np.stack([-t, t]), -1.0 + 1e-16, 1.0 - 1e-16))
+    inside = (points > lo) & (points < hi) & (a > 0)
+    candidates = np.concatenate([lo[None], hi[None], np.where(inside, points, lo)])
+    gap = fn(candidates) - a * candidates
+    scale = np.abs(candidates).max(axis=0) * a + 1.0
+    slack = error + _ROUNDING * scale
+    return a, gap.min(axis=0) - slack, gap.max(axis=0) + slack
+
+
 def relu_relaxation(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Linear bounds of ReLU on [lo, hi]: the upper one ``chord * z + shift`` (the chord of
     a crossing neuron), the lower one ``floor * z`` (0 or the identity, whichever loses
@@ -291,14 +319,47 @@ def _back_substitute(
     noise: tuple[np.ndarray, ...] | None = None,
     squash: Squash = None,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """``_substitute``; with sigmoid or tanh neurons, both ways (their parallel lines, and
+    their intervals), each row taking the tighter: neither is tighter for every row."""
+    args = (weights, biases, pre, rows, centre, radius)
+    smooth = squash is not None and any(((c == SIGMOID) | (c == TANH)).any() for c in squash[0])
+    if not smooth:
+        return _substitute(*args, intercepts, noise, squash, lines=False)
+    by_lines = [] if intercepts is not None else None
+    upper, lam = _substitute(*args, by_lines, noise, squash, lines=True)
+    by_intervals = [] if intercepts is not None else None
+    other, other_lam = _substitute(*args, by_intervals, noise, squash, lines=False)
+    better = other < upper
+    if intercepts is not None:
+        assert by_lines is not None and by_intervals is not None
+        intercepts += [
+            np.where(better[:, :, None], b, a) for a, b in zip(by_lines, by_intervals, strict=True)
+        ]
+    return np.minimum(upper, other), np.where(better[:, :, None], other_lam, lam)
+
+
+def _substitute(
+    weights: tuple[np.ndarray, ...],
+    biases: tuple[np.ndarray, ...],
+    pre: list[tuple[np.ndarray, np.ndarray]],
+    rows: np.ndarray,
+    centre: np.ndarray,
+    radius: np.ndarray,
+    intercepts: list[np.ndarray] | None,
+    noise: tuple[np.ndarray, ...] | None,
+    squash: Squash,
+    lines: bool,
+) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds over the boxes of ``rows`` (k, n) times the last layer's output, each
     ReLU replaced by the linear bound its pre-activation bounds allow for the sign of its
     coefficient (the chord above; 0 or the identity below, whichever is closer); and the
     coefficients on the input (B, k, d). ``intercepts``, when given, receives per hidden
     layer (first to last) what each neuron's chord adds to each row's bound (B, k, width):
     the looseness a split of that neuron removes. ``noise``, when given, widens each
-    layer's bias to ``b ± noise`` (the row's worst case); ``squash`` marks the sigmoid and
-    tanh neurons, whose interval the rows take instead of passing through them."""
+    layer's bias to ``b ± noise`` (the row's worst case); ``squash`` marks the other
+    activations: with ``lines``, sigmoid and tanh pass the rows through two parallel lines
+    around them (``smooth_relaxation``); the others, and without ``lines`` these too, give
+    the rows their interval."""
     batch, k = centre.shape[0], rows.shape[0]
     last = len(weights) - 1
     const = np.broadcast_to(rows @ biases[last], (batch, k)).copy()
@@ -308,12 +369,27 @@ def _back_substitute(
     for i in range(last - 1, -1, -1):
         lo, hi = pre[i]
         if squash is not None and squash[0][i].any():
-            squashing = squash[0][i] != 0
-            post_lo, post_hi = _post(squash, i, lo, hi)
-            part = lam[:, :, squashing]
-            const += np.einsum("bkn,bn->bk", np.maximum(part, 0.0), post_hi[:, squashing])
-            const += np.einsum("bkn,bn->bk", np.minimum(part, 0.0), post_lo[:, squashing])
-            lam[:, :, squashing] = 0.0
+            codes = squash[0][i]
+            # sigmoid and tanh by two parallel lines, passed through; the others by their
+            # interval, where the rows stop
+            for code in (SIGMOID, TANH) if lines else ():
+                chosen = codes == code
+                if chosen.any():
+                    a, below, above = smooth_relaxation(
+                        code, lo[:, chosen], hi[:, chosen], squash[1]
+                    )
+                    part = lam[:, :, chosen]
+                    const += np.einsum("bkn,bn->bk", np.maximum(part, 0.0), above)
+                    const += np.einsum("bkn,bn->bk", np.minimum(part, 0.0), below)
+                    lam[:, :, chosen] = part * a[:, None, :]
+            stopped = (codes == SQUARE) | (codes == POWER) if lines else codes != 0
+            if stopped.any():
+                post_lo, post_hi = _post(squash, i, lo, hi)
+                part = lam[:, :, stopped]
+                const += np.einsum("bkn,bn->bk", np.maximum(part, 0.0), post_hi[:, stopped])
+                const += np.einsum("bkn,bn->bk", np.minimum(part, 0.0), post_lo[:, stopped])
+                lam[:, :, stopped] = 0.0
+            squashing = codes != 0
             lo, hi = np.where(squashing, 0.0, lo), np.where(squashing, 0.0, hi)  # now inert
         crossing = (lo < 0) & (hi > 0)
         cols = np.flatnonzero(crossing.any(axis=0))  # crossing in some box of the batch
