@@ -59,6 +59,24 @@ def decisions(x: np.ndarray) -> list[bytes]:
     ]
 
 
+async def assert_violated_after_the_update(
+    bootstrap: str, daemon: Daemon, before: int, v2: Network, spec: OutputSpec
+) -> None:
+    """The verification events so far match their schema, and the last one of version 2
+    is violated with a counterexample in the box that onnxruntime confirms."""
+    events = await consume_all(bootstrap, daemon.verifications_topic, before + 1, 90, settle=1.0)
+    schema = json.loads((files("vigil.connectors") / "schemas" / "verification.json").read_text())
+    for e in events:
+        jsonschema.validate(e, schema)
+    after = [e for e in events if e["version"] == "2"]
+    assert after, daemon.log_text()
+    violated = after[-1]
+    assert violated["status"] == "violated", violated
+    point = np.array([violated["counterexample"]])
+    assert InputSet(np.full(3, -EPS), np.full(3, 1 + EPS)).contains(point, tol=1e-9)[0]
+    assert spec.violation(OnnxRunner(v2.to_onnx())(point))[0] > 0
+
+
 async def test_verification_events_follow_decisions_and_model_updates(kafka_bootstrap, tmp_path):
     v1, v2, spec = networks()
     (tmp_path / "model.onnx").write_bytes(v1.to_onnx())
@@ -88,22 +106,7 @@ async def test_verification_events_follow_decisions_and_model_updates(kafka_boot
             ),
         ]
         await produce(kafka_bootstrap, daemon.topic_for("models"), updates, key=b"m")
-        events = await consume_all(
-            kafka_bootstrap, daemon.verifications_topic, len(first) + 1, 90, settle=1.0
-        )
-        schema = json.loads(
-            (files("vigil.connectors") / "schemas" / "verification.json").read_text()
-        )
-        for e in events:
-            jsonschema.validate(e, schema)
-        after = [e for e in events if e["version"] == "2"]
-        assert after, daemon.log_text()
-        violated = after[-1]
-        assert violated["status"] == "violated"
-        point = np.array([violated["counterexample"]])
-        box = InputSet(np.full(3, -EPS), np.full(3, 1 + EPS))
-        assert box.contains(point, tol=1e-9)[0]
-        assert spec.violation(OnnxRunner(v2.to_onnx())(point))[0] > 0
+        await assert_violated_after_the_update(kafka_bootstrap, daemon, len(first), v2, spec)
         dead = await consume_all(kafka_bootstrap, daemon.dead_topic, 2, 60, settle=1.0)
         reasons = sorted(d["reason"] for d in dead)
         assert reasons == ["dimension", "schema"], dead
@@ -138,19 +141,7 @@ async def test_a_step_the_branches_leave_unknown_is_decided_by_the_complete_sear
         assert event["coverage"] < 1.0  # the branch alone proved less than the whole set
         update = {"model": "m", "version": "2", "onnx": base64.b64encode(v2.to_onnx()).decode()}
         await produce(kafka_bootstrap, daemon.topic_for("models"), [orjson.dumps(update)], key=b"m")
-        events = await consume_all(
-            kafka_bootstrap, daemon.verifications_topic, len(first) + 1, 90, settle=1.0
-        )
-        schema = json.loads(
-            (files("vigil.connectors") / "schemas" / "verification.json").read_text()
-        )
-        for e in events:
-            jsonschema.validate(e, schema)
-        violated = [e for e in events if e["version"] == "2"][-1]
-        assert violated["status"] == "violated", violated
-        point = np.array([violated["counterexample"]])
-        assert InputSet(np.full(3, -EPS), np.full(3, 1 + EPS)).contains(point, tol=1e-9)[0]
-        assert spec.violation(OnnxRunner(v2.to_onnx())(point))[0] > 0
+        await assert_violated_after_the_update(kafka_bootstrap, daemon, len(first), v2, spec)
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(timeout=40) == 0, daemon.log_text()
     finally:
