@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 
 import numpy as np
 import orjson
@@ -17,7 +18,7 @@ from tests.milp_oracle import max_violation
 from tests.onnx_models import conv_residual, mlp
 from vigil.daemon.cli import main
 from vigil.rules.reach.backward import output_bounds
-from vigil.rules.reach.complete import verify
+from vigil.rules.reach.complete import _BranchAndBound, _Search, verify
 from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network, OnnxRunner
 from vigil.rules.reach.sets import InputSet, OutputSpec
@@ -170,3 +171,23 @@ def test_the_cli_names_what_does_not_fit(tmp_path, capsys):
     assert "never closed" in capsys.readouterr().err
     assert main(["verify", "vnnlib", str(tmp_path / "none.onnx"), str(spec)]) == 2
     assert "none.onnx: no such file" in capsys.readouterr().err
+
+
+def test_a_milp_past_the_deadline_is_not_started_and_its_box_stays_open():
+    """The finisher's boxes are decided only while time is left: one past the deadline
+    answers "timeout" without a MILP, so the search ends at its deadline (ACAS Xu 4_2
+    property 2 ran 2.6 s past 116 s when each late box still got 0.1 s of HiGHS)."""
+    rng = np.random.default_rng(5)
+    net = Network.from_arrays(
+        [(rng.normal(size=(8, 2)), rng.normal(size=8)), (rng.normal(size=(1, 8)), [0.0])]
+    )
+    lo, hi = -np.ones(2), np.ones(2)
+    (case,) = parse_query(box_query(lo, hi, ["(>= Y_0 100.0)"], 1)).cases
+    stats = {"boxes": 0, "branches": 0, "splits": 0, "milp": 0, "candidates": 0}
+    search = _Search(net, net.forward, stats, 1 << 28)
+    bab = _BranchAndBound(net, case, search, stats, None, 1 << 28)
+    open_ = np.ones(len(case.unsafe), dtype=bool)
+    assert bab._milp(lo, hi, open_, time.monotonic() - 1.0) == "timeout"
+    assert stats["milp"] == 0
+    assert bab._milp(lo, hi, open_, time.monotonic() + 30.0) == "unsat"
+    assert stats["milp"] == 1

@@ -453,7 +453,11 @@ class _BranchAndBound:
                     outcome = self._milp(lo[i], hi[i], open_[i], deadline)
                     if isinstance(outcome, tuple):
                         return outcome
-                    if outcome == "unknown":
+                    if outcome == "timeout":  # still open: the verdict is a timeout
+                        self.stack_lo.append(lo[i : i + 1])
+                        self.stack_hi.append(hi[i : i + 1])
+                        self.stack_open.append(open_[i : i + 1])
+                    elif outcome == "unknown":
                         self.undecided = (
                             "the MILP solver did not decide a box, or its point is not a "
                             "counterexample for the reference evaluator"
@@ -521,16 +525,21 @@ class _BranchAndBound:
     def _milp(
         self, lo: np.ndarray, hi: np.ndarray, open_: np.ndarray, deadline: float
     ) -> str | tuple:
-        """Decide the open polytopes of a tiny box exactly."""
+        """Decide the open polytopes of a tiny box exactly: a counterexample, "unsat",
+        "unknown", or "timeout" when the deadline came first (the box stays open)."""
         for p in np.flatnonzero(open_):
+            seconds = deadline - time.monotonic()
+            if seconds <= 0:
+                return "timeout"
             self.stats["milp"] += 1
             c, d = self.case.unsafe[p]
-            seconds = max(deadline - time.monotonic(), 0.1)
             outcome = self.search.milp(self.case, lo, hi, c, d, seconds)
             if isinstance(outcome, tuple):
                 return outcome
             if outcome != "infeasible":
-                return "unknown"  # the solver stopped, or no point the evaluator accepts
+                # the solver stopped (at the deadline: a timeout), or no point the
+                # evaluator accepts
+                return "timeout" if time.monotonic() >= deadline else "unknown"
         return "unsat"
 
 
