@@ -15,6 +15,7 @@ import onnx
 import orjson
 
 from vigil.daemon.cli._args import byte_size, out_path
+from vigil.rules.graph.importer import data_inputs
 from vigil.rules.reach.complete import Verdict, verify
 from vigil.rules.reach.query import Query, joint_network
 from vigil.rules.reach.rounding import load_for
@@ -110,9 +111,8 @@ def _check_declarations(model: Path | bytes, query: Query) -> None:
     graph = (
         onnx.load_model_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
     ).graph
-    weights = {t.name for t in graph.initializer}
     for role, tensors in (
-        ("input", [i for i in graph.input if i.name not in weights]),
+        ("input", data_inputs(graph)),
         ("output", list(graph.output)),
     ):
         seen: set[int] = set()

@@ -66,11 +66,16 @@ class Imported:
     neurons."""
 
 
+def data_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The graph's inputs that are data, not weights (exporters list weights as inputs too)."""
+    weights = {t.name for t in graph.initializer}
+    return [i for i in graph.input if i.name not in weights]
+
+
 def element_type(model: onnx.ModelProto) -> str:
     """The element type of the model's data input as VNN-LIB names it (``float32``, ...),
     or the ONNX type's name when it is not a floating-point type the bounds cover."""
-    weights = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in weights]
+    inputs = data_inputs(model.graph)
     number = inputs[0].type.tensor_type.elem_type if inputs else 0
     return ONNX_TYPES.get(number, onnx.TensorProto.DataType.Name(number).lower())
 
@@ -87,7 +92,7 @@ def import_graph(
     graph = model.graph
     arrays = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     consts = {name: a.astype(np.float64) for name, a in arrays.items()}
-    inputs = [i for i in graph.input if i.name not in consts]  # weights listed as inputs too
+    inputs = data_inputs(graph)
     if not inputs:
         raise UnsupportedModel("the graph has no input")
     produced = {o for n in graph.node for o in n.output}

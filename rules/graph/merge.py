@@ -7,6 +7,7 @@ from __future__ import annotations
 import onnx
 from onnx import compose, helper
 
+from vigil.rules.graph.importer import data_inputs
 from vigil.rules.graph.values import UnsupportedModel
 
 
@@ -17,7 +18,7 @@ def merge(
     """One model computing every ``(name, model)``; ``aliases`` pairs (network, input
     position) of an earlier input with a later one that is to read it."""
     prefixed = [compose.add_prefix(model, f"{name}/") for name, model in models]
-    inputs = [_data_inputs(model) for model in prefixed]
+    inputs = [data_inputs(model.graph) for model in prefixed]
     renamed = {
         inputs[later][j].name: inputs[earlier][i].name for (earlier, i), (later, j) in aliases
     }
@@ -46,8 +47,3 @@ def merge(
     )
     merged.ir_version = max(model.ir_version for model in prefixed)
     return merged
-
-
-def _data_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    weights = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in weights]

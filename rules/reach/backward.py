@@ -13,9 +13,9 @@ A network with rounding ``noise`` (``Network.with_noise``) is bounded with each 
 interval ``b ± noise``: the bounds then also hold for the network as computed in its
 floating-point type.
 
-A sigmoid, tanh or square neuron inside the network is bounded by the interval of its
-activation over its pre-activation bounds; back-substitution stops at it (its value
-enters a row's bound as that interval).
+A sigmoid or tanh neuron inside the network is passed by two parallel lines around its
+function, or stops back-substitution with its interval, whichever bounds a row tighter;
+a square or power neuron stops it with its interval (``_back_substitute``).
 """
 
 from __future__ import annotations
