@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from vigil.daemon.cli._standard import main
 from vigil.rules.graph import UnsupportedModel
 from vigil.rules.reach.network import OnnxRunner, load_checked
+from vigil.rules.reach.rounding import load_for
 
 SHAPE = (1, 2, 3)
 
@@ -264,3 +265,24 @@ def test_a_folded_operator_on_the_input_is_refused_by_name(nodes, message):
     bad = model(nodes, "c", 6, [const("two", 2.0, np.float32)])
     with pytest.raises(UnsupportedModel, match=message):
         load_checked(bad)
+
+
+def test_a_squashed_constant_is_folded_over_the_reals_and_refused_in_float32():
+    """tanh of a constant scales X: exact over the reals; in float32 onnxruntime's tanh
+    would enter the chain as an exact constant, which no rounding bound covers."""
+    squashed = model(
+        [
+            helper.make_node("Tanh", ["c"], ["t"], name="gate"),
+            helper.make_node("Mul", ["X", "t"], ["m"]),
+        ],
+        "m",
+        6,
+        [const("c", [0.5, -1.0, 2.0], np.float32)],
+    )
+    network, _ = load_for(squashed, "real")
+    x = np.random.default_rng(0).uniform(-1.0, 1.0, (5, 6))
+    w = np.random.default_rng(6).normal(size=(1, 6)).astype(np.float32).astype(np.float64)
+    scaled = (x.reshape(5, 2, 3) * np.tanh([0.5, -1.0, 2.0])).reshape(5, 6)
+    np.testing.assert_allclose(network.forward(x), scaled @ w.T, rtol=1e-6)
+    with pytest.raises(UnsupportedModel, match=r"'gate' \(Tanh\): tanh of a constant in float32"):
+        load_for(squashed, "float32")

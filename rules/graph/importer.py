@@ -229,6 +229,11 @@ class _Builder:
         if kind == "sigmoid" and final:
             return self.head(node, value, kind)
         if not isinstance(value, Affine):
+            if self.precision is not None:  # its value would enter the chain as exact
+                raise node.fail(
+                    f"{kind} of a constant in {self.precision.name}: onnxruntime's value of it "
+                    "(exp by a polynomial) is not bounded; ask the query over real"
+                )
             return 1.0 / (1.0 + np.exp(-value)) if kind == "sigmoid" else np.tanh(value)
         return self._close_layer(value, HIDDEN_ACTIVATIONS.index(kind))
 
