@@ -308,7 +308,7 @@ def test_parallel_blocks_in_worker_processes_match_oracle(stream, inner):
     check_against_oracle(spec_kw, "parallel", options, x, y, sizes, snapshot_at)
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", QUICK)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=small_streams(), limit=st.integers(1, 30), data=st.data())
 def test_history_limit_matches_oracle_on_the_window(backend, stream, limit, data):
@@ -353,3 +353,15 @@ def test_history_limit_matches_oracle_on_the_window(backend, stream, limit, data
     assert got == want
     if spec.quantitative:
         assert ratios == want_ratios
+
+
+@settings(
+    max_examples=40 // SLOW_SHARE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(stream=small_streams(), limit=st.integers(1, 30), data=st.data())
+def test_history_limit_matches_oracle_on_the_window_on_bdd(stream, limit, data):
+    test_history_limit_matches_oracle_on_the_window.hypothesis.inner_test(
+        "bdd", stream, limit, data
+    )
