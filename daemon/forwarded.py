@@ -51,28 +51,42 @@ def unpack(value: bytes) -> list[Record]:
     whole frames."""
     out: list[Record] = []
     topics: dict[bytes, str] = {}
+    head, head_size = _HEAD.unpack_from, _HEAD.size
     at, end = 0, len(value)
     try:
         while at < end:
-            size, partition, offset, timestamp, klen, vlen, count = _HEAD.unpack_from(value, at)
-            at += _HEAD.size
+            size, partition, offset, timestamp, klen, vlen, count = head(value, at)
+            at += head_size
             raw = value[at : at + size]
-            topic = topics.get(raw) or topics.setdefault(raw, raw.decode())
+            topic = topics.get(raw)
+            if topic is None:
+                topic = topics[raw] = raw.decode()
             at += size
-            key = None if klen < 0 else value[at : at + klen]
-            at += max(klen, 0)
-            data = None if vlen < 0 else value[at : at + vlen]
-            at += max(vlen, 0)
-            headers = []
-            for _ in range(count):
-                nlen, hlen = _HEADER.unpack_from(value, at)
-                at += _HEADER.size
-                name = value[at : at + nlen].decode()
-                headers.append((name, value[at + nlen : at + nlen + hlen]))
-                at += nlen + hlen
+            key = None
+            if klen >= 0:
+                key = value[at : at + klen]
+                at += klen
+            data = None
+            if vlen >= 0:
+                data = value[at : at + vlen]
+                at += vlen
+            headers: tuple[tuple[str, bytes], ...] = ()
+            if count:
+                headers, at = _headers(value, at, count)
             if at > end:
                 raise ValueError("a frame runs past the end")
-            out.append(Record(topic, partition, offset, data, key, tuple(headers), timestamp))
+            out.append(Record(topic, partition, offset, data, key, headers, timestamp))
     except (struct.error, UnicodeDecodeError) as e:
         raise ValueError(f"not packed records: {e}") from None
     return out
+
+
+def _headers(value: bytes, at: int, count: int) -> tuple[tuple[tuple[str, bytes], ...], int]:
+    headers = []
+    for _ in range(count):
+        nlen, hlen = _HEADER.unpack_from(value, at)
+        at += _HEADER.size
+        name = value[at : at + nlen].decode()
+        headers.append((name, value[at + nlen : at + nlen + hlen]))
+        at += nlen + hlen
+    return tuple(headers), at

@@ -60,30 +60,34 @@ class Join:
     ) -> tuple[tuple[Waiting, Waiting] | None, list[Expired]]:
         """Take one side: the (request, response) pair it completes, if any, and the entries
         this arrival expired."""
-        self.stream_time = max(self.stream_time, timestamp_ms)
-        expired = self._expire()
+        if timestamp_ms > self.stream_time:
+            self.stream_time = timestamp_ms
+        waiting = self._waiting
+        expired = self._expire() if waiting else []
         arrived = Waiting(inference, record, timestamp_ms)
-        other: Role = "response" if inference.role == "request" else "request"
-        partner = self._waiting.pop((inference.join_key, other), None)
+        role, key = inference.role, inference.join_key
+        other: Role = "response" if role == "request" else "request"
+        partner = waiting.pop((key, other), None)
         if partner is not None:
             pair = (partner, arrived) if other == "request" else (arrived, partner)
             return pair, expired
-        earlier = self._waiting.pop((inference.join_key, inference.role), None)
+        earlier = waiting.pop((key, role), None)
         if earlier is not None:
             expired.append(Expired(earlier, "superseded"))
-        self._waiting[(inference.join_key, inference.role)] = arrived
+        waiting[(key, role)] = arrived
         return None, expired
 
     def _expire(self) -> list[Expired]:
         """Oldest arrivals first, up to the first that is still in time (timestamps come
         nearly in order; one behind a younger arrival waits for it)."""
         cutoff = self.stream_time - self.timeout_ms
+        waiting = self._waiting
         out = []
-        while self._waiting:
-            key, oldest = next(iter(self._waiting.items()))
+        while waiting:
+            key, oldest = next(iter(waiting.items()))
             if oldest.timestamp_ms >= cutoff:
                 break
-            out.append(Expired(self._waiting.pop(key), "timeout"))
+            out.append(Expired(waiting.pop(key), "timeout"))
         return out
 
     def snapshot(self) -> bytes:

@@ -133,13 +133,39 @@ def response_tensors(message: pb.ModelInferResponse) -> list[Tensor]:
 
 
 def _tensors(specs: Sequence[Any], raw: Sequence[bytes]) -> list[Tensor]:
-    if raw and len(raw) != len(specs):
-        raise BadEvent(
-            "schema", f"{len(raw)} raw contents for {len(specs)} tensors: one each is needed"
-        )
-    if raw:
-        return [from_raw(t.name, t.datatype, t.shape, r) for t, r in zip(specs, raw, strict=True)]
-    return [from_contents(t.name, t.datatype, t.shape, t.contents) for t in specs]
+    count = len(specs)
+    if not raw:
+        if count == 1:  # the usual case (iterating upb's lists costs microseconds)
+            t = specs[0]
+            return [from_contents(t.name, t.datatype, t.shape, t.contents)]
+        return [from_contents(t.name, t.datatype, t.shape, t.contents) for t in specs]
+    if len(raw) != count:
+        raise BadEvent("schema", f"{len(raw)} raw contents for {count} tensors: one each is needed")
+    if count == 1:
+        return [_raw_tensor(specs[0], raw[0])]
+    return [_raw_tensor(t, r) for t, r in zip(specs, raw, strict=True)]
+
+
+_LAYOUTS: dict[bytes, tuple[str, str, tuple[int, ...], str, int]] = {}
+"""Checked layouts of fixed-width raw tensors (name, datatype, shape, dtype, bytes), by
+their protobuf spec's bytes, which determine them: a model's traffic repeats a few."""
+_LAYOUTS_KEPT = 1024
+
+
+def _raw_tensor(spec: Any, raw: bytes) -> Tensor:
+    """``from_raw`` of a protobuf tensor spec, its layout checked once per distinct spec."""
+    key = spec.SerializeToString()
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        tensor = from_raw(spec.name, spec.datatype, spec.shape, raw)
+        if tensor.datatype in FIXED and len(_LAYOUTS) < _LAYOUTS_KEPT:
+            dtype = FIXED[tensor.datatype]
+            _LAYOUTS[key] = (tensor.name, tensor.datatype, tensor.shape, dtype, len(raw))
+        return tensor
+    name, datatype, shape, dtype, size = layout
+    if len(raw) != size:
+        return from_raw(name, datatype, shape, raw)  # raises, naming both sizes
+    return Tensor(name, datatype, shape, np.frombuffer(raw, dtype).reshape(shape))
 
 
 def from_json(tensor: object) -> Tensor:
@@ -192,7 +218,7 @@ def _checked_shape(name: str, datatype: object, shape: object) -> tuple[int, ...
     dims: tuple | None = None
     if not isinstance(shape, _NOT_SHAPES):
         try:  # noqa: SIM105 (a context manager costs a microsecond a tensor)
-            dims = tuple(shape)  # type: ignore[call-overload]
+            dims = tuple(shape[:])  # type: ignore[index] (a slice of upb's list is quicker)
         except TypeError:
             pass
     if dims is None or not _sizes(dims):

@@ -251,8 +251,13 @@ class ServingJoin(Rule):
             return
         ident, model = request.inference.request_id, self.config.model
         assert model is not None
-        names = [f"{ident}/{row}" for row in range(len(x))]
         event = {"id": ident, "model": model}
+        if len(x) == 1:  # one-row requests, the usual online case
+            result.decisions.append(
+                Decision(record, f"{ident}/0", model, x[0], y[0].tolist(), event)
+            )
+            return
+        names = [f"{ident}/{row}" for row in range(len(x))]
         result.decisions += map(
             Decision, repeat(record), names, repeat(model), x, y.tolist(), repeat(event)
         )
