@@ -166,3 +166,36 @@ def test_contents_that_do_not_fit_the_shape_are_refused(datatype, raw, error):
         message.raw_input_contents.append(raw)
     with pytest.raises(BadEvent, match=error):
         request_tensors(message)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.sampled_from(["FP64", "FP32", "INT64"]),
+            st.sampled_from([(1, 3), (3, 1), (2, 3)]),
+            st.sampled_from([0, 0, 0, -1, 8]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_repeated_layouts_read_as_each_message_says(messages):
+    """Raw tensors of a few layouts, repeated (as a model's traffic repeats its own), each
+    read as its own spec says, and a wrong length refused every time, not only the first."""
+    for name, datatype, shape, off in messages:
+        width = np.dtype(FIXED[datatype]).itemsize
+        raw = bytes(range(width * shape[0] * shape[1] + off))
+        message = pb.ModelInferRequest()
+        message.inputs.add(name=name, datatype=datatype, shape=list(shape))
+        message.raw_input_contents.append(raw)
+        parsed = pb.ModelInferRequest.FromString(message.SerializeToString())
+        if off:
+            with pytest.raises(BadEvent, match=f"raw contents of {len(raw)} bytes"):
+                request_tensors(parsed)
+            continue
+        (tensor,) = request_tensors(parsed)
+        assert (tensor.name, tensor.datatype, tensor.shape) == (name, datatype, shape)
+        want = np.frombuffer(raw, FIXED[datatype]).reshape(shape)
+        np.testing.assert_array_equal(tensor.data, want)
