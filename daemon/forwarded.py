@@ -56,6 +56,8 @@ def unpack(value: bytes) -> list[Record]:
     try:
         while at < end:
             size, partition, offset, timestamp, klen, vlen, count = head(value, at)
+            if klen < -1 or vlen < -1:
+                raise ValueError("a frame's key or value length is negative")
             at += head_size
             raw = value[at : at + size]
             topic = topics.get(raw)
@@ -85,6 +87,8 @@ def _headers(value: bytes, at: int, count: int) -> tuple[tuple[tuple[str, bytes]
     headers = []
     for _ in range(count):
         nlen, hlen = _HEADER.unpack_from(value, at)
+        if hlen < 0:  # read on, it would move backwards
+            raise ValueError("a header's length is negative")
         at += _HEADER.size
         name = value[at : at + nlen].decode()
         headers.append((name, value[at + nlen : at + nlen + hlen]))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vigil.connectors.events import Record
-from vigil.daemon.forwarded import frame, unpack
+from vigil.daemon.forwarded import _HEAD, _HEADER, frame, unpack
 
 records = st.builds(
     Record,
@@ -42,3 +42,28 @@ def test_a_cut_pack_is_refused(rs, data):
         return
     with pytest.raises(ValueError, match=r"not packed records|runs past the end"):
         unpack(packed[:cut])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        _HEAD.pack(0, 0, 0, 0, -1, -1, 1) + _HEADER.pack(0, -38),  # would loop for ever
+        _HEAD.pack(0, 0, 0, 0, -1, -1, 1) + _HEADER.pack(0, -3) + b"abcdef",
+        _HEAD.pack(0, 0, 0, 0, -2, -1, 0),
+        _HEAD.pack(0, 0, 0, 0, -1, -7, 0),
+    ],
+)
+def test_negative_lengths_are_refused(value):
+    with pytest.raises(ValueError, match="length is negative"):
+        unpack(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_unpack_or_are_refused(value):
+    """Whatever a join-topic record holds, unpacking ends: records, or ``ValueError``."""
+    try:
+        out = unpack(value)
+    except ValueError:
+        return
+    assert all(isinstance(r, Record) for r in out)

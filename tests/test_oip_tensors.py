@@ -199,3 +199,20 @@ def test_repeated_layouts_read_as_each_message_says(messages):
         assert (tensor.name, tensor.datatype, tensor.shape) == (name, datatype, shape)
         want = np.frombuffer(raw, FIXED[datatype]).reshape(shape)
         np.testing.assert_array_equal(tensor.data, want)
+
+
+def test_kept_layouts_stay_bounded():
+    """Many distinct specs, and specs made long by parameters, are read right and do not
+    grow the kept layouts past their bounds."""
+    from vigil.connectors.serving import oip
+
+    for i in range(oip._LAYOUTS_KEPT + 50):
+        name = f"t{i}" if i % 2 else f"t{i}" + "p" * 2000
+        message = pb.ModelInferRequest()
+        message.inputs.add(name=name, datatype="FP32", shape=[1, 2])
+        message.raw_input_contents.append(np.array([i, -i], "<f4").tobytes())
+        parsed = pb.ModelInferRequest.FromString(message.SerializeToString())
+        (tensor,) = request_tensors(parsed)
+        assert tensor.name == name and tensor.data.tolist() == [[i, -i]]
+    assert len(oip._LAYOUTS) <= oip._LAYOUTS_KEPT
+    assert all(len(key) <= oip._LAYOUT_KEY_BYTES for key in oip._LAYOUTS)

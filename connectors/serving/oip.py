@@ -150,6 +150,9 @@ _LAYOUTS: dict[bytes, tuple[str, str, tuple[int, ...], str, int]] = {}
 """Checked layouts of fixed-width raw tensors (name, datatype, shape, dtype, bytes), by
 their protobuf spec's bytes, which determine them: a model's traffic repeats a few."""
 _LAYOUTS_KEPT = 1024
+_LAYOUT_KEY_BYTES = 1024
+"""Specs longer than this (parameters, ignored typed contents) are not kept: at most 1 MiB
+of keys."""
 
 
 def _raw_tensor(spec: Any, raw: bytes) -> Tensor:
@@ -158,7 +161,11 @@ def _raw_tensor(spec: Any, raw: bytes) -> Tensor:
     layout = _LAYOUTS.get(key)
     if layout is None:
         tensor = from_raw(spec.name, spec.datatype, spec.shape, raw)
-        if tensor.datatype in FIXED and len(_LAYOUTS) < _LAYOUTS_KEPT:
+        if (
+            tensor.datatype in FIXED
+            and len(_LAYOUTS) < _LAYOUTS_KEPT
+            and len(key) <= _LAYOUT_KEY_BYTES
+        ):
             dtype = FIXED[tensor.datatype]
             _LAYOUTS[key] = (tensor.name, tensor.datatype, tensor.shape, dtype, len(raw))
         return tensor
