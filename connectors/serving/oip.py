@@ -133,17 +133,17 @@ def response_tensors(message: pb.ModelInferResponse) -> list[Tensor]:
 
 
 def _tensors(specs: Sequence[Any], raw: Sequence[bytes]) -> list[Tensor]:
+    """By index: iterating upb's lists costs a microsecond more per message."""
     count = len(specs)
     if not raw:
-        if count == 1:  # the usual case (iterating upb's lists costs microseconds)
-            t = specs[0]
-            return [from_contents(t.name, t.datatype, t.shape, t.contents)]
-        return [from_contents(t.name, t.datatype, t.shape, t.contents) for t in specs]
+        return [_typed_tensor(specs[i]) for i in range(count)]
     if len(raw) != count:
         raise BadEvent("schema", f"{len(raw)} raw contents for {count} tensors: one each is needed")
-    if count == 1:
-        return [_raw_tensor(specs[0], raw[0])]
-    return [_raw_tensor(t, r) for t, r in zip(specs, raw, strict=True)]
+    return [_raw_tensor(specs[i], raw[i]) for i in range(count)]
+
+
+def _typed_tensor(spec: Any) -> Tensor:
+    return from_contents(spec.name, spec.datatype, spec.shape, spec.contents)
 
 
 _LAYOUTS: dict[bytes, tuple[str, str, tuple[int, ...], str, int]] = {}
