@@ -2,7 +2,7 @@
 instance, at the published timeouts (120 s for 256x2, 300 s for 256x4 and 256x6).
 
     python bench/mnistfc.py [--data ../shared/data/mnistfc] [--networks 256x2] [--eps 0.05]
-                            [--jobs 1] [--memory-limit 2GiB] [--csv out.csv]
+                            [--published] [--jobs 1] [--memory-limit 2GiB] [--csv out.csv]
 
 Each verdict is compared with ``published_verdicts.csv`` (``?``: no tool decided it), each
 ``sat`` result file is checked on its own against onnxruntime (bench/vnncomp.py), and each
@@ -40,6 +40,9 @@ def main() -> int:
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--networks", help="comma-separated, e.g. 256x2,256x4 (default: all three)")
     p.add_argument("--eps", help="comma-separated, e.g. 0.05 (default: both, 0.03 and 0.05)")
+    p.add_argument(
+        "--published", action="store_true", help="only instances some 2021 tool decided"
+    )
     p.add_argument("--jobs", type=int, default=1, help="instances run at once")
     p.add_argument("--memory-limit", default="2GiB", help="passed to each instance")
     p.add_argument("--csv", type=Path, help="write one row per instance")
@@ -59,6 +62,8 @@ def main() -> int:
     if args.eps:
         wanted = {f"_{e}.vnnlib" for e in args.eps.split(",")}
         rows = [r for r in rows if any(r[1].endswith(w) for w in wanted)]
+    if args.published:
+        rows = [r for r in rows if published.get((r[0], r[1]), "?") != "?"]
     limit_mb = _megabytes(args.memory_limit)
     print(f"{len(rows)} instances, {args.jobs} at a time, --memory-limit {args.memory_limit} "
           f"(OPENBLAS_NUM_THREADS={threads()})", flush=True)  # fmt: skip

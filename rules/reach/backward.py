@@ -20,6 +20,7 @@ a square or power neuron stops it with its interval (``_back_substitute``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,32 +148,130 @@ class SplitBounds:
 
 
 def split_bounds(
-    network: Network, lo: np.ndarray, hi: np.ndarray, signs: list[np.ndarray], C: np.ndarray
+    network: Network,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    signs: list[np.ndarray],
+    C: np.ndarray,
+    within: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    slope_steps: int = 0,
 ) -> SplitBounds:
     """Upper bounds of C f(x) over each box [lo, hi] (B, d) within the branch its ``signs``
-    describe (see ``pre_activation_bounds``)."""
+    describe and the bounds ``within`` (see ``pre_activation_bounds``); for a ReLU network,
+    with ``slope_steps`` steps of ``optimized_slopes`` on the rows."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
-    pre = pre_activation_bounds(network, lo, hi, signs)
+    pre = pre_activation_bounds(network, lo, hi, signs, within)
     empty = np.zeros(len(lo), dtype=bool)
     for low, high in pre:
         empty |= (low > high).any(axis=1)
+    args = (network.weights, network.biases, pre, C, centre, radius)
+    squash = _squash(network)
+    slopes = None
+    if slope_steps and squash is None:
+        slopes, _ = optimized_slopes(*args, network.noise, slope_steps)
     intercepts: list[np.ndarray] = []
-    upper, lam = _back_substitute(
-        network.weights,
-        network.biases,
-        pre,
-        C,
-        centre,
-        radius,
-        intercepts,
-        network.noise,
-        _squash(network),
-    )
+    if slopes is None:
+        upper, lam = _back_substitute(*args, intercepts, network.noise, squash)
+    else:
+        upper, lam = _substitute(*args, intercepts, network.noise, None, False, slopes)
     return SplitBounds(upper, lam, pre, intercepts, empty)
 
 
+SLOPE_RATE = 0.1
+"""Adam's step size on the lower slopes (alpha-CROWN's)."""
+
+
+def optimized_slopes(
+    weights: tuple[np.ndarray, ...],
+    biases: tuple[np.ndarray, ...],
+    pre: list[tuple[np.ndarray, np.ndarray]],
+    rows: np.ndarray,
+    centre: np.ndarray,
+    radius: np.ndarray,
+    noise: tuple[np.ndarray, ...] | None,
+    steps: int,
+    until: float = np.inf,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per hidden layer (B, k, width) the lower slopes of the crossing ReLUs that gave each
+    row of a ReLU network its least upper bound in ``steps`` steps of projected Adam from
+    CROWN's choice (alpha-CROWN), and that bound (B, k); no step after the first begins
+    after ``until`` (a ``time.monotonic`` deadline). Any slope in [0, 1] is a lower bound
+    of ReLU on a crossing interval, so every step's bound is sound and the least is kept
+    per row; the pre-activation bounds are fixed, so only the rows' own relaxations move."""
+    batch, k = centre.shape[0], rows.shape[0]
+    slopes = [
+        np.broadcast_to(relu_relaxation(lo, hi)[1][:, None, :], (batch, k, lo.shape[1])).copy()
+        for lo, hi in pre
+    ]
+    best = [a.copy() for a in slopes]
+    least = np.full((batch, k), np.inf)
+    moment = [np.zeros_like(a) for a in slopes]
+    square = [np.zeros_like(a) for a in slopes]
+    for t in range(1, steps + 1):
+        trace: list[tuple[np.ndarray, ...]] = []
+        upper, lam = _substitute(
+            weights, biases, pre, rows, centre, radius, None, noise, None, False, slopes, trace
+        )
+        better = upper < least
+        least = np.minimum(upper, least)
+        for kept, a in zip(best, slopes, strict=True):
+            kept[better] = a[better]
+        if t == steps or time.monotonic() > until:
+            break
+        grads = _slope_gradient(weights, biases, pre, trace, lam, centre, radius, noise, slopes)
+        for a, g, m, v in zip(slopes, grads, moment, square, strict=True):
+            m *= 0.9
+            m += 0.1 * g
+            v *= 0.999
+            v += 0.001 * g * g
+            step = m / (1 - 0.9**t) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+            np.clip(a - SLOPE_RATE * step, 0.0, 1.0, out=a)
+    return best, least
+
+
+def _slope_gradient(
+    weights: tuple[np.ndarray, ...],
+    biases: tuple[np.ndarray, ...],
+    pre: list[tuple[np.ndarray, np.ndarray]],
+    trace: list[tuple[np.ndarray, ...]],
+    lam: np.ndarray,
+    centre: np.ndarray,
+    radius: np.ndarray,
+    noise: tuple[np.ndarray, ...] | None,
+    slopes: list[np.ndarray],
+) -> list[np.ndarray]:
+    """The gradient of each row's upper bound from ``_substitute`` in its lower slopes, per
+    hidden layer (B, k, width): the back-substitution run in reverse, from the input's
+    coefficients ``lam`` (B, k, d) towards the output, carrying each bound's derivative in
+    the coefficients of one layer."""
+    # d upper / d (coefficients on the current layer's input)
+    carried = centre[:, None, :] + np.sign(lam) * radius[:, None, :]
+    grads = []
+    for i, (cols, sub, nu) in enumerate(trace):
+        lo, hi = pre[i]
+        g_nu = carried @ weights[i].T + biases[i]  # d upper / d (coefficients on z_i)
+        if noise is not None:
+            g_nu += np.sign(nu) * noise[i]
+        g_cols = g_nu[:, :, cols]
+        grad = np.zeros_like(g_nu)
+        grad[:, :, cols] = np.minimum(sub, 0.0) * g_cols
+        grads.append(grad)
+        chord, _, shift = relu_relaxation(lo[:, cols], hi[:, cols])
+        carried = g_nu * (lo >= 0)[:, None, :]
+        carried[:, :, cols] = np.where(
+            sub > 0, chord[:, None, :] * g_cols + shift[:, None, :], slopes[i][:, :, cols] * g_cols
+        )
+    return grads
+
+
 def pre_activation_bounds(
-    network: Network, lo: np.ndarray, hi: np.ndarray, signs: list[np.ndarray] | None = None
+    network: Network,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    signs: list[np.ndarray] | None = None,
+    within: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    slope_steps: int = 0,
+    until: float = np.inf,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each hidden layer's pre-activation bounds (low, high), each (B, width), over the
     boxes: interval arithmetic, then back-substitution for the neurons it leaves unstable.
@@ -180,7 +279,11 @@ def pre_activation_bounds(
     ``signs``: per hidden layer (B, width), +1 where a branch assumes the neuron's
     pre-activation >= 0, -1 where <= 0, 0 where free; the bounds of an assumed neuron are
     cut at 0 before the next layers are bounded. Where an assumption contradicts the bounds,
-    low > high: no input of the box is in that branch."""
+    low > high: no input of the box is in that branch. ``within``: bounds known to hold
+    over the boxes (of a box holding them all), each layer's intersected with them before
+    the next is bounded (``narrowed``). ``slope_steps``: for a ReLU network, each unstable
+    neuron's bounds from that many steps of ``optimized_slopes``, none begun after
+    ``until`` (a ``time.monotonic`` deadline)."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     weights, biases, noise = network.weights, network.biases, network.noise
     pre: list[tuple[np.ndarray, np.ndarray]] = []
@@ -192,6 +295,8 @@ def pre_activation_bounds(
         if noise is not None:
             spread = spread + noise[k]
         low, high = mid - spread, mid + spread
+        if within is not None:
+            low, high = narrowed(low, high, *within[k])
         if k:
             unstable = (low < 0) & (high > 0)
             if network.activations is not None:
@@ -202,16 +307,12 @@ def pre_activation_bounds(
                 rows = np.zeros((2 * n, w.shape[0]))
                 rows[np.arange(n), unstable] = 1.0
                 rows[n + np.arange(n), unstable] = -1.0
-                upper, _ = _back_substitute(
-                    weights[: k + 1],
-                    biases[: k + 1],
-                    pre,
-                    rows,
-                    centre,
-                    radius,
-                    noise=None if noise is None else noise[: k + 1],
-                    squash=_squash(network),
-                )
+                args = (weights[: k + 1], biases[: k + 1], pre, rows, centre, radius)
+                below = None if noise is None else noise[: k + 1]
+                if slope_steps and _squash(network) is None:
+                    _, upper = optimized_slopes(*args, below, slope_steps, until)
+                else:
+                    upper, _ = _back_substitute(*args, noise=below, squash=_squash(network))
                 high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
                 low[:, unstable] = np.maximum(low[:, unstable], -upper[:, n:])
         if signs is not None:
@@ -220,6 +321,19 @@ def pre_activation_bounds(
         pre.append((low, high))
         post_lo, post_hi = post_activation(network, k, low, high)
     return pre
+
+
+def narrowed(
+    low: np.ndarray, high: np.ndarray, known_low: np.ndarray, known_high: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds ``low``, ``high`` intersected with other bounds known to hold, never to an
+    empty interval: two sound bounds of the same neuron contradict each other only by
+    rounding (of a neuron constant on the box), and only a sign assumption may show a
+    branch empty."""
+    return (
+        np.maximum(low, np.minimum(known_low, high)),
+        np.minimum(high, np.maximum(known_high, low)),
+    )
 
 
 Squash = tuple[tuple[np.ndarray, ...], float, tuple[np.ndarray, ...] | None] | None
@@ -349,6 +463,8 @@ def _substitute(
     noise: tuple[np.ndarray, ...] | None,
     squash: Squash,
     lines: bool,
+    slopes: list[np.ndarray] | None = None,
+    trace: list[tuple[np.ndarray, ...]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds over the boxes of ``rows`` (k, n) times the last layer's output, each
     ReLU replaced by the linear bound its pre-activation bounds allow for the sign of its
@@ -359,7 +475,9 @@ def _substitute(
     layer's bias to ``b ± noise`` (the row's worst case); ``squash`` marks the other
     activations: with ``lines``, sigmoid and tanh pass the rows through two parallel lines
     around them (``smooth_relaxation``); the others, and without ``lines`` these too, give
-    the rows their interval."""
+    the rows their interval. ``slopes``, per hidden layer (B, k, width), replace the lower
+    bound's slope of each crossing ReLU, per row; ``trace``, when given, receives per hidden
+    layer (first to last) what ``_slope_gradient`` needs."""
     batch, k = centre.shape[0], rows.shape[0]
     last = len(weights) - 1
     const = np.broadcast_to(rows @ biases[last], (batch, k)).copy()
@@ -400,9 +518,12 @@ def _substitute(
             chord, floor, shift = relu_relaxation(lo[:, cols], hi[:, cols])
             up = np.maximum(sub, 0.0)
             const += np.einsum("bkn,bn->bk", up, shift)
-            lam[:, :, cols] = up * chord[:, None, :] + (sub - up) * floor[:, None, :]
+            below = floor[:, None, :] if slopes is None else slopes[i][:, :, cols]
+            lam[:, :, cols] = up * chord[:, None, :] + (sub - up) * below
             if added is not None:
                 added[:, :, cols] = up * shift[:, None, :]
+        if trace is not None:
+            trace.insert(0, (cols, sub, lam))
         if intercepts is not None:
             intercepts.insert(0, added)
         const += lam @ biases[i]
