@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.milp_oracle import max_violation
-from tests.test_relu_split import random_network
+from tests.test_relu_split import assert_branches_hold, random_network
 from vigil.rules.reach.backward import (
     _slope_gradient,
     _substitute,
@@ -107,19 +107,7 @@ def test_branches_within_optimized_root_bounds_hold_every_sampled_point(seed, de
     bound = split_bounds(net, *boxes, signs, C, root, slope_steps=10)
     plain = split_bounds(net, *boxes, signs, C, root)
     assert np.all(bound.upper <= plain.upper + 1e-12)
-    x = lo + (hi - lo) * rng.random((20_000, 4))
-    pre = net.pre_activations(x)
-    y = net.logits(x)
-    for b in range(branches):
-        meets = np.ones(len(x), dtype=bool)
-        for z, s in zip(pre, signs, strict=True):
-            meets &= np.all((s[b] == 0) | ((s[b] > 0) & (z >= 0)) | ((s[b] < 0) & (z <= 0)), axis=1)
-        if bound.empty[b]:
-            assert not meets.any()
-            continue
-        assert np.all(y[meets] @ C.T <= bound.upper[b] + 1e-9)
-        for z, (low, high) in zip(pre, bound.pre, strict=True):
-            assert np.all(z[meets] >= low[b] - 1e-9) and np.all(z[meets] <= high[b] + 1e-9)
+    assert_branches_hold(net, signs, bound, C, lo + (hi - lo) * rng.random((20_000, 4)))
 
 
 def test_bounds_within_never_empty_a_branch_on_their_own():
