@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
+# pytest workers of `make test` for the tests that do not use the broker
+TEST_WORKERS ?= 2
+export TEST_WORKERS
 # the dev broker's secured listeners and credentials (written by dev-kafka.sh start)
 KAFKA_SECURITY = $${VIGIL_KAFKA_RUN:-/tmp/vigil-kafka-$(KAFKA_PORT)}/security.json
 
@@ -21,8 +24,9 @@ demo: $(STAMP)
 	$(VENV)/bin/vigil demo
 
 ## test: lint, bring helm and the CRD schemas (once, cached), start the dev Kafka broker,
-## run the whole suite, stop the broker (a broker that was already running on
-## $(KAFKA_PORT) is left running); without Go or npm the chart tests that need them skip
+## run the whole suite (tests/run_suite.sh: the broker tests beside the others), stop the
+## broker (a broker that was already running on $(KAFKA_PORT) is left running); without Go
+## or npm the chart tests that need them skip
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	helm=$$(bash ops/helm/get.sh helm) || helm=; \
@@ -30,7 +34,7 @@ test: $(STAMP)
 	broker=; trap '[ "$$broker" != started ] || bash ops/kafka/dev-kafka.sh stop' EXIT; \
 	broker=$$(bash ops/kafka/dev-kafka.sh start) && \
 	VIGIL_KAFKA_BOOTSTRAP=127.0.0.1:$(KAFKA_PORT) VIGIL_KAFKA_SECURITY=$(KAFKA_SECURITY) \
-	VIGIL_HELM=$$helm VIGIL_CRD_MODELS=$$crd_models $(PY) -m pytest -q
+	VIGIL_HELM=$$helm VIGIL_CRD_MODELS=$$crd_models PYTHON=$(PY) bash tests/run_suite.sh
 
 ## chart-files: copy the alert rules and the dashboard into the Helm chart (a test fails
 ## while they differ)

@@ -1,10 +1,12 @@
-"""Shared fixtures: the optional ../shared/data sets."""
+"""Shared fixtures (the dev broker, the optional ../shared/data sets) and the suite's split over
+workers."""
 
 from __future__ import annotations
 
 import json
 import os
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,22 @@ import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CERTIFAIR_ZIP = SHARED_DATA / "fairness-streams-certifair.zip"
+
+BROKER_FIXTURES = {"kafka_bootstrap", "kafka_security"}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    """Mark every test that uses the dev broker ``broker``, before ``-m`` selects by it.
+
+    `make test` runs the broker tests and the others side by side, as two pytest runs:
+    the broker tests time daemons against deadlines and share the dev broker, so they
+    keep their serial order, while the CPU-bound tests fill the other core.
+    """
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+    return (yield)
 
 
 @pytest.fixture(scope="session")

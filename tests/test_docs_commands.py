@@ -54,6 +54,7 @@ from vigil.daemon.state.kafka_store import TOPIC_CONFIG
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/operations.md", "ops/README.md")
 SHELL_BLOCKS = frozenset({"sh", "bash", "shell", "zsh", "console"})
+pytestmark = pytest.mark.broker  # its Kafka commands use the test broker
 VENV = Path(sys.prefix)  # the virtualenv running the tests, linked into the copy as .venv
 DEV_CONFIG = "ops/examples/dev-kafka.toml"
 PRODUCED = 5278  # decisions in the bundled stream (ops/README: "5278 decisions, then exits")
