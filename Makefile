@@ -5,9 +5,6 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
-# pytest workers of `make test` for the tests that do not use the broker
-TEST_WORKERS ?= 2
-export TEST_WORKERS
 # the dev broker's secured listeners and credentials (written by dev-kafka.sh start)
 KAFKA_SECURITY = $${VIGIL_KAFKA_RUN:-/tmp/vigil-kafka-$(KAFKA_PORT)}/security.json
 
