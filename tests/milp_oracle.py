@@ -20,8 +20,15 @@ def interval_bounds(network: Network, lo: np.ndarray, hi: np.ndarray) -> list[tu
     return bounds
 
 
-def max_violation(network: Network, inputs: InputSet, spec: OutputSpec) -> tuple[float, np.ndarray]:
-    """max over x in the set of max_j (c_j f(x) - d_j), and a maximiser."""
+def max_violation(
+    network: Network,
+    inputs: InputSet,
+    spec: OutputSpec,
+    signs: list[np.ndarray] | None = None,
+) -> tuple[float, np.ndarray]:
+    """max over x in the set of max_j (c_j f(x) - d_j), and a maximiser; with ``signs`` (per
+    hidden layer, +1 / -1 / 0 per neuron) only over the x whose pre-activations have the
+    signs assumed (-inf where none has)."""
     bounds = interval_bounds(network, inputs.lower, inputs.upper)
     best, arg = -np.inf, None
     for c, d in zip(spec.C, spec.d, strict=True):
@@ -44,6 +51,14 @@ def max_violation(network: Network, inputs: InputSet, spec: OutputSpec) -> tuple
                 current = z
                 break
             zl, zh = bounds[i]
+            for expr, sign in zip(z, signs[i] if signs is not None else [0] * len(z), strict=True):
+                if not sign:
+                    continue
+                if isinstance(expr, float):  # every neuron before is dead: a constant
+                    if sign * expr < 0:
+                        return -np.inf, np.full(inputs.dim, np.nan)
+                    continue
+                h.addConstr(float(sign) * expr >= 0)
             nxt = []
             for expr, lo, hi in zip(z, zl, zh, strict=True):
                 if hi <= 0:

@@ -1,6 +1,7 @@
-"""Optimized lower slopes of crossing ReLUs (alpha-CROWN, ``backward.optimized_slopes``): the
-gradient against finite differences, the bounds against the MILP oracle's optimum and
-CROWN's bound, and optimized root bounds carried into branches against sampled points."""
+"""Optimized lower slopes of crossing ReLUs (alpha-CROWN) and multipliers of a branch's sign
+assumptions (beta-CROWN), ``backward.optimized_slopes``: the gradients against finite
+differences, the bounds against the MILP oracle's optimum (over the branch) and CROWN's
+bound, and optimized root bounds carried into branches against sampled points."""
 
 from __future__ import annotations
 
@@ -42,15 +43,22 @@ def test_the_slope_gradient_matches_finite_differences(seed, depth, noisy):
     args = (net.weights, net.biases, pre, C, centre, radius, None, noise, None, False)
     slopes = [rng.uniform(size=(1, 2, low.shape[1])) for low, _ in pre]
     trace: list = []
-    upper, lam = _substitute(*args, slopes, trace)
-    grads = _slope_gradient(net.weights, net.biases, pre, trace, lam, centre, radius, noise, slopes)
+    cuts = [rng.normal(size=(1, 2, low.shape[1])) for low, _ in pre]
+    upper, lam = _substitute(*args, slopes, trace, cuts)
+    grads, on_pre = _slope_gradient(
+        net.weights, net.biases, pre, trace, lam, centre, radius, noise, slopes
+    )
     h = 1e-7
     for layer, slope in enumerate(slopes):
         for j in range(slope.shape[2]):
             moved = [s.copy() for s in slopes]
             moved[layer][:, :, j] += h
-            difference = (_substitute(*args, moved)[0] - upper) / h
+            difference = (_substitute(*args, moved, None, cuts)[0] - upper) / h
             np.testing.assert_allclose(difference, grads[layer][:, :, j], atol=1e-4, rtol=1e-4)
+            shifted = [c.copy() for c in cuts]
+            shifted[layer][:, :, j] += h
+            difference = (_substitute(*args, slopes, None, shifted)[0] - upper) / h
+            np.testing.assert_allclose(difference, on_pre[layer][:, :, j], atol=1e-4, rtol=1e-4)
 
 
 @settings(max_examples=30, deadline=None)
@@ -68,7 +76,7 @@ def test_optimized_bounds_lie_between_the_milp_optimum_and_crown(seed, depth):
     C = rng.normal(size=(2, 3))
     args = (net.weights, net.biases, tightened, C, centre, radius)
     crown = _substitute(*args, None, None, None, False)[0][0]
-    _, least = optimized_slopes(*args, None, 15)
+    least = optimized_slopes(*args, None, 15).upper
     assert np.all(least[0] <= crown + 1e-12)
     for row in range(2):
         _, argmax = max_violation(net, InputSet(lo, hi), OutputSpec(C[row : row + 1], [0.0]))
@@ -136,7 +144,59 @@ def test_no_step_after_the_first_begins_past_the_deadline():
     centre, radius = (box[0] + box[1]) / 2, (box[1] - box[0]) / 2
     args = (net.weights, net.biases, pre, rng.normal(size=(2, 3)), centre, radius)
     crown = _substitute(*args, None, None, None, False)[0]
-    slopes, least = optimized_slopes(*args, None, 50, until=0.0)
+    slopes, _, least = optimized_slopes(*args, None, 50, until=0.0)
     np.testing.assert_array_equal(least, crown)
     np.testing.assert_array_equal(_substitute(*args, None, None, None, False, slopes)[0], crown)
-    assert np.all(optimized_slopes(*args, None, 50)[1] < crown)
+    assert np.all(optimized_slopes(*args, None, 50).upper < crown)
+
+
+def _branch(seed: int, depth: int):
+    """A random network, box and rows, and one branch: random sign assumptions that some
+    point of the box meets (the first of 2,000 sampled points that meets them does)."""
+    rng, net, lo, hi = _problem(seed, depth)
+    x = lo + (hi - lo) * rng.random((2_000, 4))
+    pre = net.pre_activations(x)
+    keep = [rng.random(w) < 0.4 for w in net.hidden_sizes]
+    signs = [
+        np.where(k, np.where(z[0] >= 0, 1, -1), 0)[None].astype(np.int8)
+        for k, z in zip(keep, pre, strict=True)
+    ]
+    return rng, net, lo, hi, signs
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 3))
+def test_a_branch_s_optimized_bound_holds_the_milp_optimum_over_the_branch(seed, depth):
+    """With the multipliers of its sign assumptions optimized, a branch's bound of each row
+    is at least the exact maximum over the inputs that meet the assumptions (the MILP
+    oracle, which adds them as constraints), and at most CROWN's bound."""
+    rng, net, lo, hi, signs = _branch(seed, depth)
+    C = rng.normal(size=(2, 3))
+    bound = split_bounds(net, lo[None], hi[None], signs, C, slope_steps=20)
+    crown = split_bounds(net, lo[None], hi[None], signs, C)
+    assert not bound.empty[0]
+    assert np.all(bound.upper <= crown.upper + 1e-12)
+    for row in range(2):
+        spec = OutputSpec(C[row : row + 1], [0.0])
+        best, _ = max_violation(net, InputSet(lo, hi), spec, [s[0] for s in signs])
+        assert bound.upper[0, row] >= best - 1e-7
+
+
+def test_the_multipliers_tighten_branches_beyond_the_slopes():
+    """Over branches of random networks, optimizing the sign assumptions' multipliers with
+    the slopes gives a lower bound than the slopes alone for some rows (they are a
+    different relaxation, not the same one found again)."""
+    gains = []
+    for seed in range(12):
+        rng, net, lo, hi, signs = _branch(seed, 2)
+        C = rng.normal(size=(2, 3))
+        box = lo[None], hi[None]
+        pre = pre_activation_bounds(net, *box, signs)
+        args = (net.weights, net.biases, pre, C, (box[0] + box[1]) / 2, (box[1] - box[0]) / 2)
+        alone = optimized_slopes(*args, None, 30).upper
+        both = optimized_slopes(*args, None, 30, signs=signs)
+        assert both.cuts is not None and all(
+            np.all(c * s[:, None, :] >= 0) for c, s in zip(both.cuts, signs, strict=True)
+        )
+        gains.append(alone - both.upper)
+    assert max(float(g.max()) for g in gains) > 1e-3

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -166,19 +167,30 @@ def split_bounds(
         empty |= (low > high).any(axis=1)
     args = (network.weights, network.biases, pre, C, centre, radius)
     squash = _squash(network)
-    slopes = None
-    if slope_steps and squash is None:
-        slopes, _ = optimized_slopes(*args, network.noise, slope_steps)
     intercepts: list[np.ndarray] = []
-    if slopes is None:
-        upper, lam = _back_substitute(*args, intercepts, network.noise, squash)
+    if slope_steps and squash is None:
+        best = optimized_slopes(*args, network.noise, slope_steps, signs=signs)
+        upper, lam = _substitute(
+            *args, intercepts, network.noise, None, False, best.slopes, cuts=best.cuts
+        )
     else:
-        upper, lam = _substitute(*args, intercepts, network.noise, None, False, slopes)
+        upper, lam = _back_substitute(*args, intercepts, network.noise, squash)
     return SplitBounds(upper, lam, pre, intercepts, empty)
 
 
-SLOPE_RATE = 0.1
-"""Adam's step size on the lower slopes (alpha-CROWN's)."""
+SLOPE_RATE, CUT_RATE = 0.1, 0.05
+"""Adam's step sizes on the lower slopes (alpha-CROWN's) and on the split constraints'
+multipliers (beta-CROWN's)."""
+
+
+class Optimized(NamedTuple):
+    """What ``optimized_slopes`` found: per hidden layer (B, k, width) each row's lower
+    slopes and its cuts (``_substitute``'s; None without sign assumptions), and each row's
+    least upper bound (B, k)."""
+
+    slopes: list[np.ndarray]
+    cuts: list[np.ndarray] | None
+    upper: np.ndarray
 
 
 def optimized_slopes(
@@ -191,42 +203,79 @@ def optimized_slopes(
     noise: tuple[np.ndarray, ...] | None,
     steps: int,
     until: float = np.inf,
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """Per hidden layer (B, k, width) the lower slopes of the crossing ReLUs that gave each
-    row of a ReLU network its least upper bound in ``steps`` steps of projected Adam from
-    CROWN's choice (alpha-CROWN), and that bound (B, k); no step after the first begins
-    after ``until`` (a ``time.monotonic`` deadline). Any slope in [0, 1] is a lower bound
-    of ReLU on a crossing interval, so every step's bound is sound and the least is kept
-    per row; the pre-activation bounds are fixed, so only the rows' own relaxations move."""
+    signs: list[np.ndarray] | None = None,
+) -> Optimized:
+    """The lower slopes of the crossing ReLUs of a ReLU network that gave each row its least
+    upper bound in ``steps`` steps of projected Adam from CROWN's choice (alpha-CROWN); with
+    ``signs`` (per hidden layer (B, width), as ``pre_activation_bounds`` takes them), the
+    multipliers of the branches' sign assumptions too, from 0 (beta-CROWN). No step after
+    the first begins after ``until`` (a ``time.monotonic`` deadline). Any slope in [0, 1]
+    and any multiplier >= 0 give a sound bound, so every step's is, and each row keeps its
+    least; the pre-activation bounds are fixed, so only the rows' own relaxations move."""
     batch, k = centre.shape[0], rows.shape[0]
     slopes = [
         np.broadcast_to(relu_relaxation(lo, hi)[1][:, None, :], (batch, k, lo.shape[1])).copy()
         for lo, hi in pre
     ]
-    best = [a.copy() for a in slopes]
+    split = None
+    if signs is not None and any(s.any() for s in signs):
+        split = [
+            np.broadcast_to(s[:, None, :], (batch, k, s.shape[1])).astype(float) for s in signs
+        ]
+    # the variables: the slopes, then the multipliers (>= 0) of the assumed neurons
+    variables = slopes + ([np.zeros_like(s) for s in split] if split is not None else [])
+    rates = [SLOPE_RATE] * len(slopes) + [CUT_RATE] * (len(variables) - len(slopes))
+    upper_limit = [1.0] * len(slopes) + [np.inf] * (len(variables) - len(slopes))
+    best = [a.copy() for a in variables]
     least = np.full((batch, k), np.inf)
-    moment = [np.zeros_like(a) for a in slopes]
-    square = [np.zeros_like(a) for a in slopes]
+    moment = [np.zeros_like(a) for a in variables]
+    square = [np.zeros_like(a) for a in variables]
     for t in range(1, steps + 1):
         trace: list[tuple[np.ndarray, ...]] = []
+        cuts = _cuts(variables[len(slopes) :], split)
         upper, lam = _substitute(
-            weights, biases, pre, rows, centre, radius, None, noise, None, False, slopes, trace
+            weights,
+            biases,
+            pre,
+            rows,
+            centre,
+            radius,
+            None,
+            noise,
+            None,
+            False,
+            slopes,
+            trace,
+            cuts,
         )
         better = upper < least
         least = np.minimum(upper, least)
-        for kept, a in zip(best, slopes, strict=True):
+        for kept, a in zip(best, variables, strict=True):
             kept[better] = a[better]
         if t == steps or time.monotonic() > until:
             break
-        grads = _slope_gradient(weights, biases, pre, trace, lam, centre, radius, noise, slopes)
-        for a, g, m, v in zip(slopes, grads, moment, square, strict=True):
+        grads, on_pre = _slope_gradient(
+            weights, biases, pre, trace, lam, centre, radius, noise, slopes
+        )
+        if split is not None:
+            grads += [g * s for g, s in zip(on_pre, split, strict=True)]
+        for a, g, m, v, rate, top in zip(
+            variables, grads, moment, square, rates, upper_limit, strict=True
+        ):
             m *= 0.9
             m += 0.1 * g
             v *= 0.999
             v += 0.001 * g * g
             step = m / (1 - 0.9**t) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
-            np.clip(a - SLOPE_RATE * step, 0.0, 1.0, out=a)
-    return best, least
+            np.clip(a - rate * step, 0.0, top, out=a)
+    return Optimized(best[: len(slopes)], _cuts(best[len(slopes) :], split), least)
+
+
+def _cuts(multipliers: list[np.ndarray], split: list[np.ndarray] | None) -> list[np.ndarray] | None:
+    """``_substitute``'s cuts from the multipliers and the assumed signs (B, k, width)."""
+    if split is None:
+        return None
+    return [beta * s for beta, s in zip(multipliers, split, strict=True)]
 
 
 def _slope_gradient(
@@ -239,19 +288,21 @@ def _slope_gradient(
     radius: np.ndarray,
     noise: tuple[np.ndarray, ...] | None,
     slopes: list[np.ndarray],
-) -> list[np.ndarray]:
-    """The gradient of each row's upper bound from ``_substitute`` in its lower slopes, per
-    hidden layer (B, k, width): the back-substitution run in reverse, from the input's
-    coefficients ``lam`` (B, k, d) towards the output, carrying each bound's derivative in
-    the coefficients of one layer."""
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The gradient of each row's upper bound from ``_substitute`` in its lower slopes, and
+    in its coefficients on the pre-activations (what a cut moves), per hidden layer (B, k,
+    width): the back-substitution run in reverse, from the input's coefficients ``lam``
+    (B, k, d) towards the output, carrying each bound's derivative in the coefficients of
+    one layer."""
     # d upper / d (coefficients on the current layer's input)
     carried = centre[:, None, :] + np.sign(lam) * radius[:, None, :]
-    grads = []
+    grads, on_pre = [], []
     for i, (cols, sub, nu) in enumerate(trace):
         lo, hi = pre[i]
         g_nu = carried @ weights[i].T + biases[i]  # d upper / d (coefficients on z_i)
         if noise is not None:
             g_nu += np.sign(nu) * noise[i]
+        on_pre.append(g_nu)
         g_cols = g_nu[:, :, cols]
         grad = np.zeros_like(g_nu)
         grad[:, :, cols] = np.minimum(sub, 0.0) * g_cols
@@ -261,7 +312,7 @@ def _slope_gradient(
         carried[:, :, cols] = np.where(
             sub > 0, chord[:, None, :] * g_cols + shift[:, None, :], slopes[i][:, :, cols] * g_cols
         )
-    return grads
+    return grads, on_pre
 
 
 def pre_activation_bounds(
@@ -310,7 +361,7 @@ def pre_activation_bounds(
                 args = (weights[: k + 1], biases[: k + 1], pre, rows, centre, radius)
                 below = None if noise is None else noise[: k + 1]
                 if slope_steps and _squash(network) is None:
-                    _, upper = optimized_slopes(*args, below, slope_steps, until)
+                    upper = optimized_slopes(*args, below, slope_steps, until).upper
                 else:
                     upper, _ = _back_substitute(*args, noise=below, squash=_squash(network))
                 high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
@@ -465,6 +516,7 @@ def _substitute(
     lines: bool,
     slopes: list[np.ndarray] | None = None,
     trace: list[tuple[np.ndarray, ...]] | None = None,
+    cuts: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Upper bounds over the boxes of ``rows`` (k, n) times the last layer's output, each
     ReLU replaced by the linear bound its pre-activation bounds allow for the sign of its
@@ -477,7 +529,10 @@ def _substitute(
     around them (``smooth_relaxation``); the others, and without ``lines`` these too, give
     the rows their interval. ``slopes``, per hidden layer (B, k, width), replace the lower
     bound's slope of each crossing ReLU, per row; ``trace``, when given, receives per hidden
-    layer (first to last) what ``_slope_gradient`` needs."""
+    layer (first to last) what ``_slope_gradient`` needs. ``cuts``, per hidden layer (B, k,
+    width), are added to the rows' coefficients on the pre-activations: ``beta * s`` for a
+    neuron a branch assumes of sign ``s``, which adds ``beta * s * z >= 0`` in the branch
+    (beta-CROWN's multipliers of the split constraints: any beta >= 0 keeps the bound)."""
     batch, k = centre.shape[0], rows.shape[0]
     last = len(weights) - 1
     const = np.broadcast_to(rows @ biases[last], (batch, k)).copy()
@@ -522,6 +577,8 @@ def _substitute(
             lam[:, :, cols] = up * chord[:, None, :] + (sub - up) * below
             if added is not None:
                 added[:, :, cols] = up * shift[:, None, :]
+        if cuts is not None:
+            lam += cuts[i]
         if trace is not None:
             trace.insert(0, (cols, sub, lam))
         if intercepts is not None:

@@ -4,7 +4,9 @@ bisection can cover (MNIST's 784).
 A branch is the case's whole input box under assumptions on the signs of some neurons'
 pre-activations. Its bounds are back-substituted (``backward.split_bounds``) with each
 assumed neuron's bounds cut at 0, so every layer after it is bounded tighter, and within
-the bounds of the whole box, which optimized slopes (alpha-CROWN) tighten once per case. A branch
+the bounds of the whole box, which optimized slopes (alpha-CROWN) tighten once per case. Its
+output rows' slopes and the multipliers of its assumptions (beta-CROWN: each assumption
+enters the rows' bounds as a constraint, not only through the cut) are optimized. A branch
 closes when one row of each unsafe polytope is shown unreachable, or when its assumptions
 contradict its bounds. An open one is searched from the input its weakest bound points to,
 then decided by the MILP once its bounds leave few neurons unstable, and otherwise split in
@@ -45,13 +47,15 @@ MILP_SECONDS, MILP_SHARE = 5.0, 0.25
 """The time of one MILP on a branch (one per polytope, or one for a disjunction of single
 rows): this share of the time left, at least these seconds; a branch the MILP does not
 decide in its time is split."""
-ROOT_SLOPE_STEPS, SLOPE_STEPS = 20, 10
+ROOT_SLOPE_STEPS, SLOPE_STEPS = 20, 20
 """Steps of ``backward.optimized_slopes`` on a ReLU network: for every unstable neuron's
 bounds over the case's box, once (every branch's bounds are intersected with them), and
-for each branch's rows. None where the root's optimization would take more than half the
-memory (``root_slope_bytes``). On mnistfc 256x4 ``prop_0_0.03`` the root's steps take its
+for each branch's rows, slopes and the multipliers of its sign assumptions together.
+None where the root's optimization would take more than half the memory
+(``root_slope_bytes``). On mnistfc 256x4 ``prop_0_0.03`` the root's steps take its
 unstable neurons from 218 to 164 and its rows' bounds from 1.2-1.8 above their thresholds
-to 0.55-0.97."""
+to 0.55-0.97. On 256x2 ``prop_3_0.03`` (published unsat) a branch's 20 steps decided it in
+80 s, 10 in 100 s; it timed out at 120 s without the multipliers."""
 ATTACK_EVERY = 20
 """Batches between two rounds of fresh random restarts of the counterexample search."""
 STEPS = 6
@@ -85,19 +89,21 @@ class Searcher(Protocol):
 def bytes_per_branch(network: Network, rows: int) -> int:
     """Peak working memory of bounding one branch: back-substituting the unstable neurons of
     a layer (at most two rows each) through the widest layer and the input, a few arrays at
-    once; the output rows' coefficients and intercepts; and their slopes' optimization
-    (the slopes, the best ones, Adam's two moments, the trace and the gradient)."""
+    once; the output rows' coefficients and intercepts; and their relaxation's optimization:
+    for the slopes and for the sign assumptions' multipliers each, the variables, the best
+    ones, Adam's two moments, the gradient and a few more of their size."""
     widths = network.hidden_sizes
     widest = max([network.input_dim, *widths])
     inner = 2 * max(widths, default=0) * widest
     outer = rows * (widest + sum(widths))
-    slopes = 8 * rows * sum(widths)
+    slopes = 16 * rows * sum(widths)
     return 8 * (4 * inner + 2 * outer + slopes + 4 * sum(widths))
 
 
 def root_slope_bytes(network: Network) -> int:
     """Peak memory of optimizing the slopes of one layer's unstable neurons' bounds over the
-    case's box: ``bytes_per_branch``'s slopes for two rows per neuron of the widest layer."""
+    case's box (no sign assumptions there): eight arrays of a slope per row and neuron, for
+    two rows per neuron of the widest layer."""
     widths = network.hidden_sizes
     return 8 * 8 * 2 * max(widths, default=0) * sum(widths)
 
