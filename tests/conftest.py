@@ -1,5 +1,5 @@
-"""Shared fixtures (the dev broker, the optional ../shared/data sets) and the suite's split over
-workers."""
+"""Shared fixtures (the dev broker, the optional ../shared/data sets) and the mark that splits
+the suite into its two runs (tests/run_suite.sh)."""
 
 from __future__ import annotations
 
