@@ -217,37 +217,22 @@ def optimized_slopes(
         np.broadcast_to(relu_relaxation(lo, hi)[1][:, None, :], (batch, k, lo.shape[1])).copy()
         for lo, hi in pre
     ]
-    split = None
+    split = None  # the assumed signs, (B, 1, width): the multipliers' only non-zeros
     if signs is not None and any(s.any() for s in signs):
-        split = [
-            np.broadcast_to(s[:, None, :], (batch, k, s.shape[1])).astype(float) for s in signs
-        ]
-    # the variables: the slopes, then the multipliers (>= 0) of the assumed neurons
-    variables = slopes + ([np.zeros_like(s) for s in split] if split is not None else [])
-    rates = [SLOPE_RATE] * len(slopes) + [CUT_RATE] * (len(variables) - len(slopes))
-    upper_limit = [1.0] * len(slopes) + [np.inf] * (len(variables) - len(slopes))
+        split = [s[:, None, :].astype(float) for s in signs]
+    multipliers = [] if split is None else [np.zeros_like(a) for a in slopes]  # >= 0
+    variables = slopes + multipliers
+    rates = [SLOPE_RATE] * len(slopes) + [CUT_RATE] * len(multipliers)
+    upper_limit = [1.0] * len(slopes) + [np.inf] * len(multipliers)
     best = [a.copy() for a in variables]
     least = np.full((batch, k), np.inf)
+    args = (weights, biases, pre, rows, centre, radius)
     moment = [np.zeros_like(a) for a in variables]
     square = [np.zeros_like(a) for a in variables]
     for t in range(1, steps + 1):
         trace: list[tuple[np.ndarray, ...]] = []
-        cuts = _cuts(variables[len(slopes) :], split)
-        upper, lam = _substitute(
-            weights,
-            biases,
-            pre,
-            rows,
-            centre,
-            radius,
-            None,
-            noise,
-            None,
-            False,
-            slopes,
-            trace,
-            cuts,
-        )
+        cuts = _cuts(multipliers, split)
+        upper, lam = _substitute(*args, None, noise, None, False, slopes, trace, cuts)
         better = upper < least
         least = np.minimum(upper, least)
         for kept, a in zip(best, variables, strict=True):
@@ -272,7 +257,7 @@ def optimized_slopes(
 
 
 def _cuts(multipliers: list[np.ndarray], split: list[np.ndarray] | None) -> list[np.ndarray] | None:
-    """``_substitute``'s cuts from the multipliers and the assumed signs (B, k, width)."""
+    """``_substitute``'s cuts (B, k, width) from the multipliers and the assumed signs."""
     if split is None:
         return None
     return [beta * s for beta, s in zip(multipliers, split, strict=True)]
