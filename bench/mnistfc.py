@@ -40,9 +40,7 @@ def main() -> int:
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--networks", help="comma-separated, e.g. 256x2,256x4 (default: all three)")
     p.add_argument("--eps", help="comma-separated, e.g. 0.05 (default: both, 0.03 and 0.05)")
-    p.add_argument(
-        "--published", action="store_true", help="only instances some 2021 tool decided"
-    )
+    p.add_argument("--published", action="store_true", help="only instances some 2021 tool decided")
     p.add_argument("--jobs", type=int, default=1, help="instances run at once")
     p.add_argument("--memory-limit", default="2GiB", help="passed to each instance")
     p.add_argument("--csv", type=Path, help="write one row per instance")
