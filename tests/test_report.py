@@ -9,6 +9,7 @@ import csv
 import json
 import re
 import subprocess
+import time
 import uuid
 from html.parser import HTMLParser
 from pathlib import Path
@@ -397,6 +398,12 @@ def test_kafka_reader_returns_exactly_the_committed_alerts(kafka_bootstrap, tmp_
     topic = f"vigil.report.{uuid.uuid4().hex[:8]}"
     asyncio.run(create_topic(kafka_bootstrap, topic, 2))
     asyncio.run(_produce(kafka_bootstrap, topic))
+    # a commit returns before the coordinator writes its markers, and the last stable
+    # offset (what read_committed reads up to) moves only then: wait for that
+    deadline = time.monotonic() + 30
+    while len(asyncio.run(read_committed(kafka_bootstrap, topic))) < 5:
+        assert time.monotonic() < deadline, "the committed transactions' markers never landed"
+        time.sleep(0.2)
 
     async def with_open_transaction() -> tuple[list, list]:
         producer = AIOKafkaProducer(
