@@ -210,3 +210,34 @@ def test_a_bad_memory_limit_is_refused_by_name(tmp_path, size, capsys):
     with pytest.raises(SystemExit):
         main(["verify", "vnnlib", "m.onnx", "p.vnnlib", "--memory-limit", size])
     assert "--memory-limit" in capsys.readouterr().err
+
+
+def test_the_open_branches_starts_stay_within_their_share_of_memory():
+    """Relaxations to start from that would take the open branches past their quarter of
+    the budget are dropped from the bottom of the stack (the longest waiting) and kept on
+    top; a batch is taken all with starts or all without, so none is lost."""
+    rng = np.random.default_rng(0)
+    net = random_network(rng, [6, 8, 8, 2])
+    case = Case(np.zeros(6), np.ones(6), ((np.array([[1.0, -1.0]]), np.array([0.0])),))
+    rows = (np.array([[1.0, -1.0]]), np.array([0.0]), np.ones((1, 1), bool), np.zeros(1, bool))
+    search = relu_split.ReluSplit(net, case, rows, None, {}, memory=1 << 20)  # type: ignore[arg-type]
+
+    def part(first: int) -> relu_split.Branches:
+        signs = np.zeros((4, 16), dtype=np.int8)
+        signs[:, 0] = first
+        start = rng.uniform(0, 1, size=(4, 2, 1, 16)).astype(np.float32)
+        return relu_split.Branches(signs, np.ones((4, 1), bool), np.full(4, 9), start)
+
+    search.stack = [part(i) for i in range(5)]
+    per_part = search.stack[0].nbytes
+    search.open_memory = 3 * per_part
+    search._forget_starts()
+    assert sum(p.nbytes for p in search.stack) <= search.open_memory
+    kept = [p.start is not None for p in search.stack]
+    assert kept == sorted(kept) and any(kept) and not all(kept)  # dropped from the bottom
+    warm = relu_split._pop(search.stack, 100)
+    assert warm.start is not None and len(warm.signs) == 4 * sum(kept)
+    assert set(warm.signs[:, 0]) == {i for i, k in enumerate(kept) if k}
+    cold = relu_split._pop(search.stack, 100)
+    assert cold.start is None and len(cold.signs) == 4 * (5 - sum(kept))
+    assert not search.stack

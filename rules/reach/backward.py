@@ -138,14 +138,16 @@ class SplitBounds:
     """Bounds of branches that assume the signs of some neurons (``split_bounds``): upper
     bounds of the rows (B, k); their coefficients on the input (B, k, d); each hidden
     layer's pre-activation bounds (low, high), (B, width); per hidden layer what each
-    neuron's relaxation adds to each row's bound (B, k, width); and the branches whose
-    assumptions no input of the box meets (B,)."""
+    neuron's relaxation adds to each row's bound (B, k, width); the branches whose
+    assumptions no input of the box meets (B,); and the optimized relaxation that gave the
+    rows' bounds (None without ``slope_steps``): a branch's children start from it."""
 
     upper: np.ndarray
     coefficients: np.ndarray
     pre: list[tuple[np.ndarray, np.ndarray]]
     intercepts: list[np.ndarray]
     empty: np.ndarray
+    relaxation: Relaxation | None = None
 
 
 def split_bounds(
@@ -156,10 +158,12 @@ def split_bounds(
     C: np.ndarray,
     within: list[tuple[np.ndarray, np.ndarray]] | None = None,
     slope_steps: int = 0,
+    start: Relaxation | None = None,
 ) -> SplitBounds:
     """Upper bounds of C f(x) over each box [lo, hi] (B, d) within the branch its ``signs``
     describe and the bounds ``within`` (see ``pre_activation_bounds``); for a ReLU network,
-    with ``slope_steps`` steps of ``optimized_slopes`` on the rows."""
+    with ``slope_steps`` steps of ``optimized_slopes`` on the rows, from ``start`` when
+    given (a parent branch's relaxation: any is sound, a good one saves steps)."""
     centre, radius = (lo + hi) / 2, (hi - lo) / 2
     pre = pre_activation_bounds(network, lo, hi, signs, within)
     empty = np.zeros(len(lo), dtype=bool)
@@ -169,12 +173,15 @@ def split_bounds(
     squash = _squash(network)
     intercepts: list[np.ndarray] = []
     if slope_steps and squash is None:
-        best = optimized_slopes(*args, network.noise, slope_steps, signs=signs)
+        best = optimized_slopes(
+            *args, network.noise, slope_steps, signs=signs, start=start, single=True
+        )
         upper, lam = _substitute(
             *args, intercepts, network.noise, None, False, best.slopes, cuts=best.cuts
         )
-    else:
-        upper, lam = _back_substitute(*args, intercepts, network.noise, squash)
+        relaxation = Relaxation(best.slopes, best.multipliers)
+        return SplitBounds(upper, lam, pre, intercepts, empty, relaxation)
+    upper, lam = _back_substitute(*args, intercepts, network.noise, squash)
     return SplitBounds(upper, lam, pre, intercepts, empty)
 
 
@@ -183,14 +190,23 @@ SLOPE_RATE, CUT_RATE = 0.1, 0.05
 multipliers (beta-CROWN's)."""
 
 
-class Optimized(NamedTuple):
-    """What ``optimized_slopes`` found: per hidden layer (B, k, width) each row's lower
-    slopes and its cuts (``_substitute``'s; None without sign assumptions), and each row's
-    least upper bound (B, k)."""
+class Relaxation(NamedTuple):
+    """Per hidden layer (B, k, width): each row's lower slopes of the crossing ReLUs, and
+    the multipliers of the branches' sign assumptions (None without assumptions)."""
 
     slopes: list[np.ndarray]
+    multipliers: list[np.ndarray] | None
+
+
+class Optimized(NamedTuple):
+    """What ``optimized_slopes`` found: per hidden layer (B, k, width) each row's lower
+    slopes, multipliers and cuts (``_substitute``'s; both None without sign assumptions),
+    and each row's least upper bound (B, k; None when the steps were estimates)."""
+
+    slopes: list[np.ndarray]
+    multipliers: list[np.ndarray] | None
     cuts: list[np.ndarray] | None
-    upper: np.ndarray
+    upper: np.ndarray | None
 
 
 def optimized_slopes(
@@ -204,28 +220,46 @@ def optimized_slopes(
     steps: int,
     until: float = np.inf,
     signs: list[np.ndarray] | None = None,
+    start: Relaxation | None = None,
+    single: bool = False,
 ) -> Optimized:
     """The lower slopes of the crossing ReLUs of a ReLU network that gave each row its least
     upper bound in ``steps`` steps of projected Adam from CROWN's choice (alpha-CROWN); with
     ``signs`` (per hidden layer (B, width), as ``pre_activation_bounds`` takes them), the
-    multipliers of the branches' sign assumptions too, from 0 (beta-CROWN). No step after
+    multipliers of the branches' sign assumptions too, from 0 (beta-CROWN). ``start``: the
+    slopes and multipliers to begin from instead (clipped to their ranges). No step after
     the first begins after ``until`` (a ``time.monotonic`` deadline). Any slope in [0, 1]
     and any multiplier >= 0 give a sound bound, so every step's is, and each row keeps its
-    least; the pre-activation bounds are fixed, so only the rows' own relaxations move."""
+    least; the pre-activation bounds are fixed, so only the rows' own relaxations move.
+    ``single``: the steps in float32, about twice as fast; their bounds are then estimates
+    (rounded), so ``upper`` is None and the caller bounds with the slopes found."""
     batch, k = centre.shape[0], rows.shape[0]
-    slopes = [
-        np.broadcast_to(relu_relaxation(lo, hi)[1][:, None, :], (batch, k, lo.shape[1])).copy()
-        for lo, hi in pre
-    ]
+    real = np.float32 if single else np.float64
+    if single:
+        weights, biases, rows, centre, radius = _single((weights, biases, rows, centre, radius))
+        pre = [(lo.astype(real), hi.astype(real)) for lo, hi in pre]
+        noise = None if noise is None else _single(noise)
+    if start is None:
+        slopes = [
+            np.broadcast_to(relu_relaxation(lo, hi)[1][:, None, :], (batch, k, lo.shape[1]))
+            for lo, hi in pre
+        ]
+    else:
+        slopes = start.slopes
+    slopes = [np.clip(np.asarray(a, dtype=real), 0.0, 1.0) for a in slopes]
     split = None  # the assumed signs, (B, 1, width): the multipliers' only non-zeros
     if signs is not None and any(s.any() for s in signs):
-        split = [s[:, None, :].astype(float) for s in signs]
-    multipliers = [] if split is None else [np.zeros_like(a) for a in slopes]  # >= 0
+        split = [s[:, None, :].astype(real) for s in signs]
+    multipliers: list[np.ndarray] = []  # >= 0
+    if split is not None and (start is None or start.multipliers is None):
+        multipliers = [np.zeros_like(a) for a in slopes]
+    elif split is not None:
+        multipliers = [np.maximum(np.asarray(a, dtype=real), 0.0) for a in start.multipliers]
     variables = slopes + multipliers
     rates = [SLOPE_RATE] * len(slopes) + [CUT_RATE] * len(multipliers)
     upper_limit = [1.0] * len(slopes) + [np.inf] * len(multipliers)
     best = [a.copy() for a in variables]
-    least = np.full((batch, k), np.inf)
+    least = np.full((batch, k), np.inf, dtype=real)
     args = (weights, biases, pre, rows, centre, radius)
     moment = [np.zeros_like(a) for a in variables]
     square = [np.zeros_like(a) for a in variables]
@@ -253,7 +287,14 @@ def optimized_slopes(
             v += 0.001 * g * g
             step = m / (1 - 0.9**t) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
             np.clip(a - rate * step, 0.0, top, out=a)
-    return Optimized(best[: len(slopes)], _cuts(best[len(slopes) :], split), least)
+    kept = best[len(slopes) :] if split is not None else None
+    cuts = _cuts(kept or [], split)
+    return Optimized(best[: len(slopes)], kept, cuts, None if single else least)
+
+
+def _single(arrays: tuple) -> tuple:
+    """Arrays, and tuples of arrays, in float32."""
+    return tuple(_single(a) if isinstance(a, tuple) else a.astype(np.float32) for a in arrays)
 
 
 def _cuts(multipliers: list[np.ndarray], split: list[np.ndarray] | None) -> list[np.ndarray] | None:
@@ -346,7 +387,9 @@ def pre_activation_bounds(
                 args = (weights[: k + 1], biases[: k + 1], pre, rows, centre, radius)
                 below = None if noise is None else noise[: k + 1]
                 if slope_steps and _squash(network) is None:
-                    upper = optimized_slopes(*args, below, slope_steps, until).upper
+                    optimized = optimized_slopes(*args, below, slope_steps, until)
+                    assert optimized.upper is not None
+                    upper = optimized.upper
                 else:
                     upper, _ = _back_substitute(*args, noise=below, squash=_squash(network))
                 high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
@@ -451,10 +494,10 @@ def relu_relaxation(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndar
     a crossing neuron), the lower one ``floor * z`` (0 or the identity, whichever loses
     less area: the CROWN choice); a stable neuron's both are exact."""
     crossing = (lo < 0) & (hi > 0)
-    active = (lo >= 0).astype(float)
+    active = (lo >= 0).astype(lo.dtype)
     with np.errstate(divide="ignore", invalid="ignore"):
         chord = np.where(crossing, hi / (hi - lo), active)
-    floor = np.where(crossing, (hi > -lo).astype(float), active)
+    floor = np.where(crossing, (hi > -lo).astype(lo.dtype), active)
     return chord, floor, np.where(crossing, -chord * lo, 0.0)
 
 

@@ -6,26 +6,33 @@ pre-activations. Its bounds are back-substituted (``backward.split_bounds``) wit
 assumed neuron's bounds cut at 0, so every layer after it is bounded tighter, and within
 the bounds of the whole box, which optimized slopes (alpha-CROWN) tighten once per case. Its
 output rows' slopes and the multipliers of its assumptions (beta-CROWN: each assumption
-enters the rows' bounds as a constraint, not only through the cut) are optimized. A branch
+enters the rows' bounds as a constraint, not only through the cut) are optimized, starting
+from its parent's. A branch
 closes when one row of each unsafe polytope is shown unreachable, or when its assumptions
 contradict its bounds. An open one is searched from the input its weakest bound points to,
 then decided by the MILP once its bounds leave few neurons unstable, and otherwise split in
 two on the unstable neuron whose relaxation loosens its open bounds most (the intercept
 score of BaBSR). A split neuron is stable in both children, so the tree is finite.
 
-Memory: branches are bounded in batches sized to the memory budget, and an open branch is
-one sign per hidden neuron, so nothing grows with branches times inputs times neurons.
+Memory: branches are bounded in batches sized to three quarters of the memory budget, and
+an open branch is one sign per hidden neuron and, while the last quarter holds it, the
+relaxation it starts from; nothing grows with branches times inputs times neurons.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from vigil.rules.reach.backward import SplitBounds, pre_activation_bounds, split_bounds
+from vigil.rules.reach.backward import (
+    Relaxation,
+    SplitBounds,
+    pre_activation_bounds,
+    split_bounds,
+)
 from vigil.rules.reach.milp import lp_bounds
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case, shut
@@ -131,21 +138,22 @@ class ReluSplit:
         widths = network.hidden_sizes
         self.cuts = np.cumsum([0, *widths])
         neurons = int(self.cuts[-1])
-        self.limit = memory // bytes_per_branch(network, len(self.d))
+        self.limit = memory * 3 // 4 // bytes_per_branch(network, len(self.d))
         if self.limit < 1:
             raise MemoryError(
                 f"bounding one branch takes {bytes_per_branch(network, len(self.d)) >> 20} MiB, "
-                f"more than the {memory >> 20} MiB left to the search"
+                f"more than the {memory * 3 // 4 >> 20} MiB left to the search's batches"
             )
-        self.open_limit = max(memory // 4 // (neurons + len(case.unsafe)), 1)
+        self.open_memory = memory // 4
+        self.open_limit = max(self.open_memory // (neurons + len(case.unsafe)), 1)
         self.batch = 1
-        # the open branches, depth first: (signs (n, neurons), open polytopes (n, P), the
-        # most unstable neurons a branch goes to the MILP with (n,))
-        self.stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
-            (
+        # the open branches, depth first
+        self.stack: list[Branches] = [
+            Branches(
                 np.zeros((1, neurons), dtype=np.int8),
                 np.ones((1, len(case.unsafe)), dtype=bool),
                 np.full(1, MILP_UNSTABLE),
+                None,
             )
         ]
         self.undecided = ""
@@ -167,7 +175,7 @@ class ReluSplit:
 
     @property
     def waiting(self) -> int:
-        return sum(len(signs) for signs, _, _ in self.stack)
+        return sum(len(part.signs) for part in self.stack)
 
     def run(self, deadline: float) -> tuple | None:
         """Work until every branch is closed or ``deadline``; a counterexample if found."""
@@ -177,7 +185,7 @@ class ReluSplit:
             self.root = pre_activation_bounds(self.network, *box, slope_steps=steps, until=deadline)
         while self.stack and time.monotonic() < deadline:
             started = time.monotonic()
-            found = self._step(*_pop(self.stack, self.batch), deadline)
+            found = self._step(_pop(self.stack, self.batch), deadline)
             if found is not None:
                 return found
             took = time.monotonic() - started
@@ -202,17 +210,19 @@ class ReluSplit:
                 self.progress({**self.stats, "open": self.waiting})
         return None
 
-    def _step(
-        self, signs: np.ndarray, open_: np.ndarray, limit: np.ndarray, deadline: float
-    ) -> tuple | None:
+    def _step(self, branches: Branches, deadline: float) -> tuple | None:
         """Bound a batch of branches, search the open ones, decide or split them."""
+        signs, open_, limit = branches.signs, branches.open, branches.limit
         n = len(signs)
         self.stats["branches"] += n
         case = self.case
         lo = np.broadcast_to(case.lower, (n, case.lower.size))
         hi = np.broadcast_to(case.upper, (n, case.upper.size))
         layers = [signs[:, a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)]
-        bound = split_bounds(self.network, lo, hi, layers, -self.C, self.root, self.slope_steps)
+        start = None if branches.start is None else self._unpacked(branches.start)
+        bound = split_bounds(
+            self.network, lo, hi, layers, -self.C, self.root, self.slope_steps, start
+        )
         closed = shut(bound.upper, self.d, self.strict)  # row r: no point of the branch
         open_ = open_ & ~(closed[:, None, :] & self.member[None]).any(axis=2)
         open_ &= ~bound.empty[:, None]
@@ -244,7 +254,7 @@ class ReluSplit:
             if isinstance(outcome, tuple):
                 return outcome
             if outcome == "timeout":
-                self.stack.append((signs[b : b + 1], open_[b : b + 1], limit[b : b + 1]))
+                self.stack.append(Branches(signs, open_, limit, branches.start).take([b]))
             elif outcome == "unknown" and unstable[i]:
                 # the solver stopped at its time limit: smaller branches, and the MILP
                 # only once they are markedly smaller
@@ -262,21 +272,17 @@ class ReluSplit:
                 )
         if split.any():
             index = live[split]
-            self._split(signs[index], open_[index], limit[index], bound, index, rows_open[split])
+            parents = Branches(signs, open_, limit, self._packed(bound.relaxation)).take(index)
+            self._split(parents, bound, index, rows_open[split])
         return None
 
     def _split(
-        self,
-        signs: np.ndarray,
-        open_: np.ndarray,
-        limit: np.ndarray,
-        bound: SplitBounds,
-        index: np.ndarray,
-        rows_open: np.ndarray,
+        self, parents: Branches, bound: SplitBounds, index: np.ndarray, rows_open: np.ndarray
     ) -> None:
         """Split each branch on the unstable neuron with the largest intercept on its open
         rows (ties: the widest bounds), assumed active in one child and inactive in the
-        other."""
+        other; both start from their parent's relaxation while the open branches' memory
+        holds it."""
         scores, widths = [], []
         for k, ((low, high), added) in enumerate(zip(bound.pre, bound.intercepts, strict=True)):
             low, high = low[index], high[index]
@@ -287,13 +293,47 @@ class ReluSplit:
         score = np.hstack(scores)
         width = np.hstack(widths)
         neuron = np.argmax(score + 1e-9 * width / (1.0 + width.max(axis=1, keepdims=True)), axis=1)
+        signs = parents.signs
         rows = np.arange(len(signs))
         active, inactive = signs.copy(), signs.copy()
         active[rows, neuron] = 1
         inactive[rows, neuron] = -1
         self.stats["splits"] += len(signs)
         children = np.stack([inactive, active], axis=1).reshape(-1, signs.shape[1])
-        self.stack.append((children, np.repeat(open_, 2, axis=0), np.repeat(limit, 2)))
+        start = None if parents.start is None else np.repeat(parents.start, 2, axis=0)
+        twice = np.repeat(parents.open, 2, axis=0), np.repeat(parents.limit, 2)
+        self.stack.append(Branches(children, *twice, start))
+        self._forget_starts()
+
+    def _packed(self, relaxation: Relaxation | None) -> np.ndarray | None:
+        """A batch's relaxation as one array (B, 2, k, neurons) of float32: what the open
+        branches keep (any slope in [0, 1] and multiplier >= 0 is sound, rounded or not)."""
+        if relaxation is None:
+            return None
+        slopes = np.concatenate(relaxation.slopes, axis=2)
+        if relaxation.multipliers is None:
+            multipliers = np.zeros_like(slopes)
+        else:
+            multipliers = np.concatenate(relaxation.multipliers, axis=2)
+        return np.stack([slopes, multipliers], axis=1).astype(np.float32)
+
+    def _unpacked(self, start: np.ndarray) -> Relaxation:
+        """``_packed``'s inverse, per hidden layer."""
+        bounds = self.cuts[1:-1]
+        return Relaxation(
+            np.split(start[:, 0], bounds, axis=2), np.split(start[:, 1], bounds, axis=2)
+        )
+
+    def _forget_starts(self) -> None:
+        """Keep the open branches' relaxations within their share of memory beside their
+        signs: the deepest-waiting (bottom of the stack) start from CROWN's again."""
+        held = sum(part.nbytes for part in self.stack)
+        for i, part in enumerate(self.stack):
+            if held <= self.open_memory:
+                break
+            if part.start is not None:
+                held -= part.start.nbytes
+                self.stack[i] = part._replace(start=None)
 
     def _milp(
         self,
@@ -337,19 +377,41 @@ class ReluSplit:
         return "unsat"
 
 
-def _pop(
-    stack: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Up to ``n`` branches from the top of the stack (depth first keeps it small)."""
-    taken: list[tuple[np.ndarray, ...]] = []
+class Branches(NamedTuple):
+    """Open branches: their signs (n, neurons), open polytopes (n, P), the most unstable
+    neurons each goes to the MILP with (n,), and the relaxation each starts from
+    (``ReluSplit._packed``; None: CROWN's)."""
+
+    signs: np.ndarray
+    open: np.ndarray
+    limit: np.ndarray
+    start: np.ndarray | None
+
+    def take(self, index: np.ndarray | list[int] | slice) -> Branches:
+        return Branches(*(None if a is None else a[index] for a in self))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(0 if a is None else a.nbytes for a in self)
+
+
+def _pop(stack: list[Branches], n: int) -> Branches:
+    """Up to ``n`` branches from the top of the stack (depth first keeps it small), all
+    with a relaxation to start from or all without."""
+    taken: list[Branches] = []
     count = 0
     while stack and count < n:
+        if taken and (stack[-1].start is None) != (taken[0].start is None):
+            break
         part = stack.pop()
         room = n - count
-        if len(part[0]) > room:
-            stack.append(tuple(a[:-room] for a in part))  # type: ignore[arg-type]
-            part = tuple(a[-room:] for a in part)  # type: ignore[assignment]
+        if len(part.signs) > room:
+            stack.append(part.take(slice(None, -room)))
+            part = part.take(slice(-room, None))
         taken.append(part)
-        count += len(part[0])
-    signs, open_, limit = (np.concatenate(arrays) for arrays in zip(*taken, strict=True))
-    return signs, open_, limit
+        count += len(part.signs)
+    if len(taken) == 1:
+        return taken[0]
+    return Branches(
+        *(None if a[0] is None else np.concatenate(a) for a in zip(*taken, strict=True))
+    )
