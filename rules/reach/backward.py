@@ -231,8 +231,9 @@ def optimized_slopes(
     the first begins after ``until`` (a ``time.monotonic`` deadline). Any slope in [0, 1]
     and any multiplier >= 0 give a sound bound, so every step's is, and each row keeps its
     least; the pre-activation bounds are fixed, so only the rows' own relaxations move.
-    ``single``: the steps in float32, about twice as fast; their bounds are then estimates
-    (rounded), so ``upper`` is None and the caller bounds with the slopes found."""
+    ``single``: the steps in float32 (on mnistfc, 1.4 times the branches a second); their
+    bounds are then estimates, so ``upper`` is None and the caller bounds with the slopes
+    found."""
     batch, k = centre.shape[0], rows.shape[0]
     real = np.float32 if single else np.float64
     if single:

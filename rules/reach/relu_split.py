@@ -4,15 +4,15 @@ bisection can cover (MNIST's 784).
 A branch is the case's whole input box under assumptions on the signs of some neurons'
 pre-activations. Its bounds are back-substituted (``backward.split_bounds``) with each
 assumed neuron's bounds cut at 0, so every layer after it is bounded tighter, and within
-the bounds of the whole box, which optimized slopes (alpha-CROWN) tighten once per case. Its
-output rows' slopes and the multipliers of its assumptions (beta-CROWN: each assumption
+the bounds of the whole box, which optimized slopes (alpha-CROWN) tighten once per case.
+Its output rows' slopes and the multipliers of its assumptions (beta-CROWN: each assumption
 enters the rows' bounds as a constraint, not only through the cut) are optimized, starting
-from its parent's. A branch
-closes when one row of each unsafe polytope is shown unreachable, or when its assumptions
-contradict its bounds. An open one is searched from the input its weakest bound points to,
-then decided by the MILP once its bounds leave few neurons unstable, and otherwise split in
-two on the unstable neuron whose relaxation loosens its open bounds most (the intercept
-score of BaBSR). A split neuron is stable in both children, so the tree is finite.
+from its parent's. A branch closes when one row of each unsafe polytope is shown
+unreachable, or when its assumptions contradict its bounds. An open one is searched from
+the input its weakest bound points to, then decided by the MILP once its bounds leave few
+neurons unstable, and otherwise split in two on the unstable neuron whose relaxation
+loosens its open bounds most (the intercept score of BaBSR). A split neuron is stable in
+both children, so the tree is finite.
 
 Memory: branches are bounded in batches sized to three quarters of the memory budget, and
 an open branch is one sign per hidden neuron and, while the last quarter holds it, the
@@ -326,7 +326,7 @@ class ReluSplit:
 
     def _forget_starts(self) -> None:
         """Keep the open branches' relaxations within their share of memory beside their
-        signs: the deepest-waiting (bottom of the stack) start from CROWN's again."""
+        signs: the longest-waiting (the bottom of the stack) start from CROWN's again."""
         held = sum(part.nbytes for part in self.stack)
         for i, part in enumerate(self.stack):
             if held <= self.open_memory:
