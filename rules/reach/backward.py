@@ -252,10 +252,12 @@ def optimized_slopes(
     if signs is not None and any(s.any() for s in signs):
         split = [s[:, None, :].astype(real) for s in signs]
     multipliers: list[np.ndarray] = []  # >= 0
-    if split is not None and (start is None or start.multipliers is None):
-        multipliers = [np.zeros_like(a) for a in slopes]
-    elif split is not None:
-        multipliers = [np.maximum(np.asarray(a, dtype=real), 0.0) for a in start.multipliers]
+    if split is not None:
+        given = None if start is None else start.multipliers
+        if given is None:
+            multipliers = [np.zeros_like(a) for a in slopes]
+        else:
+            multipliers = [np.maximum(np.asarray(a, dtype=real), 0.0) for a in given]
     variables = slopes + multipliers
     rates = [SLOPE_RATE] * len(slopes) + [CUT_RATE] * len(multipliers)
     upper_limit = [1.0] * len(slopes) + [np.inf] * len(multipliers)
@@ -288,9 +290,13 @@ def optimized_slopes(
             v += 0.001 * g * g
             step = m / (1 - 0.9**t) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
             np.clip(a - rate * step, 0.0, top, out=a)
-    kept = best[len(slopes) :] if split is not None else None
-    cuts = _cuts(kept or [], split)
-    return Optimized(best[: len(slopes)], kept, cuts, None if single else least)
+    kept = best[len(slopes) :]
+    return Optimized(
+        best[: len(slopes)],
+        kept if split is not None else None,
+        _cuts(kept, split),
+        None if single else least,
+    )
 
 
 def _single(arrays: tuple) -> tuple:

@@ -272,7 +272,8 @@ class ReluSplit:
                 )
         if split.any():
             index = live[split]
-            parents = Branches(signs, open_, limit, self._packed(bound.relaxation)).take(index)
+            packed = self._packed(bound.relaxation, index)
+            parents = Branches(signs[index], open_[index], limit[index], packed)
             self._split(parents, bound, index, rows_open[split])
         return None
 
@@ -305,17 +306,19 @@ class ReluSplit:
         self.stack.append(Branches(children, *twice, start))
         self._forget_starts()
 
-    def _packed(self, relaxation: Relaxation | None) -> np.ndarray | None:
-        """A batch's relaxation as one array (B, 2, k, neurons) of float32: what the open
-        branches keep (any slope in [0, 1] and multiplier >= 0 is sound, rounded or not)."""
+    def _packed(self, relaxation: Relaxation | None, index: np.ndarray) -> np.ndarray | None:
+        """The relaxation of the batch's branches ``index`` as one array (n, 2, k, neurons)
+        of float32: what the open branches keep (any slope in [0, 1] and multiplier >= 0 is
+        sound, rounded or not)."""
         if relaxation is None:
             return None
-        slopes = np.concatenate(relaxation.slopes, axis=2)
-        if relaxation.multipliers is None:
-            multipliers = np.zeros_like(slopes)
-        else:
-            multipliers = np.concatenate(relaxation.multipliers, axis=2)
-        return np.stack([slopes, multipliers], axis=1).astype(np.float32)
+        packed = np.zeros((len(index), 2, len(self.d), int(self.cuts[-1])), dtype=np.float32)
+        for plane, arrays in enumerate(relaxation):
+            if arrays is None:  # no assumptions: the multipliers stay 0
+                continue
+            for a, b, array in zip(self.cuts[:-1], self.cuts[1:], arrays, strict=True):
+                packed[:, plane, :, a:b] = array[index]
+        return packed
 
     def _unpacked(self, start: np.ndarray) -> Relaxation:
         """``_packed``'s inverse, per hidden layer."""
