@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.milp_oracle import max_violation
@@ -39,6 +39,9 @@ def network(seed: int, inputs: int, hidden: int, outputs: int) -> Network:
     half_plane=st.booleans(),
     offset=st.sampled_from([-0.05, -1e-3, 1e-3, 0.05]),
 )
+# the MILP's point sat 2e-6 outside the half-plane (HiGHS's row tolerance, carried through
+# two layers): its retry 1e-6 inside the rows was not inside enough
+@example(seed=40049, inputs=4, hidden=12, rows=3, half_plane=True, offset=0.05)
 def test_an_unknown_step_is_decided_as_the_milp_decides_it(
     seed, inputs, hidden, rows, half_plane, offset
 ):

@@ -56,9 +56,12 @@ MILP_DEPTH, MILP_UNSTABLE = 20, 30
 many neurons unstable goes to the MILP too: bisection had not closed it, and HiGHS decides
 such a box in milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went
 from timeouts to 52 and 81 s (docs/benchmarks.md)."""
-MILP_MARGIN = 1e-6
+MILP_MARGINS = (1e-6, 1e-4)
 """How far inside the unsafe region (relative to each row's bound, plus as much absolute)
-a MILP point is sought again when the evaluator rejects one on the region's boundary."""
+a MILP point is sought again, in turn, when the evaluator rejects one on the region's
+boundary. HiGHS may violate each row by its feasibility tolerance (1e-6), and a violation
+carries through the layers after it: a point on an input half-plane, carried through two
+hidden layers, came out 2e-6 outside it."""
 
 INPUT_SPLIT_DIMS = 16
 """Networks with at most this many inputs are searched by bisecting the input box, others
@@ -317,8 +320,8 @@ class _Search:
         "infeasible", or "unknown" (the solver stopped, or the evaluator rejects its point).
         The solver's region is closed and its point may lie on the boundary, or past it by
         the solver's tolerance, where a strict row or a row without tolerance rejects it:
-        the region with every row moved inside by ``MILP_MARGIN`` is then tried once more
-        (infeasible there proves nothing, so it is not reported)."""
+        the region with every row moved inside by each of ``MILP_MARGINS`` is then tried in
+        turn (infeasible there proves nothing, so it is not reported)."""
         deadline = time.monotonic() + seconds
         net = self.network
         outcome, x = box_counterexample(net, lo, hi, c, d, seconds, bounds, any_row)
@@ -326,9 +329,11 @@ class _Search:
             return outcome
         assert x is not None
         found = self.confirmed(case, x[None])
-        left = deadline - time.monotonic()
-        if found is None and left > 0:
-            inside = d - MILP_MARGIN * (1.0 + np.abs(d))
+        for margin in MILP_MARGINS:
+            left = deadline - time.monotonic()
+            if found is not None or left <= 0:
+                break
+            inside = d - margin * (1.0 + np.abs(d))
             outcome, x = box_counterexample(net, lo, hi, c, inside, left, bounds, any_row)
             found = self.confirmed(case, x[None]) if x is not None else None
         return found if found is not None else "unknown"
