@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
@@ -437,16 +438,9 @@ async def topic_partitions(
 ) -> dict[str, int | None]:
     """Connect as Vigil's clients do and count each topic's partitions (None: no such
     topic), so a deployment can be checked before it runs."""
-    consumer = AIOKafkaConsumer(**security.client_options(), bootstrap_servers=servers)
-    await start_client(consumer, servers, security)
-    try:
-        existing = await consumer.topics()
-        return {
-            t: len(consumer.partitions_for_topic(t) or ()) if t in existing else None
-            for t in topics
-        }
-    finally:
-        await consumer.stop()
+    async with admin_client(servers, security) as admin:
+        counts = await partition_counts(admin)
+    return {t: counts.get(t) for t in topics}
 
 
 async def read_committed(
@@ -467,6 +461,7 @@ async def read_committed(
         bootstrap_servers=servers,
         isolation_level="read_committed",
         enable_auto_commit=False,
+        auto_offset_reset="earliest",
         group_id=None,
     )
     await start_client(consumer, servers, security)
@@ -479,7 +474,11 @@ async def read_committed(
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(f"{where}: no partitions after {idle_timeout:.0f} s")
             await asyncio.sleep(0.02)
+        # then assigned: a subscription is assigned afresh when the metadata changes, which
+        # would drop the seek below
         partitions = sorted(consumer.assignment())
+        consumer.unsubscribe()
+        consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         end = await consumer.end_offsets(partitions)
         return await _drain(consumer, end, where, idle_timeout)
@@ -520,13 +519,7 @@ async def ensure_topics(
     largest of the topics it is derived from (1 if none exists yet) and up to 3 replicas;
     the partition count of every wanted topic. Raises ``ValueError`` when the broker
     refuses to create one."""
-    admin = AIOKafkaAdminClient(**security.client_options(), bootstrap_servers=servers)
-    try:
-        await admin.start()
-    except KafkaConnectionError:
-        await admin.close()
-        raise await diagnose(servers, security) from None
-    try:
+    async with admin_client(servers, security) as admin:
         counts = await partition_counts(admin)  # all topics: naming one may create it
         missing = [t for t in wanted if t not in counts]
         if missing:
@@ -545,6 +538,20 @@ async def ensure_topics(
                 await asyncio.sleep(0.1)
                 counts = await partition_counts(admin)
         return {t: counts[t] for t in wanted}
+
+
+@asynccontextmanager
+async def admin_client(servers: str, security: KafkaSecurity) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client, closed on leaving; ``diagnose``'s error when it cannot
+    connect."""
+    admin = AIOKafkaAdminClient(**security.client_options(), bootstrap_servers=servers)
+    try:
+        await admin.start()
+    except KafkaConnectionError:
+        await admin.close()
+        raise await diagnose(servers, security) from None
+    try:
+        yield admin
     finally:
         await admin.close()
 

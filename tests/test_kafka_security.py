@@ -4,6 +4,7 @@ wrong, and secrets that never reach logs, errors, check-config output or metrics
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 import types
+import uuid
 from pathlib import Path
 
 import orjson
@@ -20,6 +22,7 @@ import pytest
 from tests.daemon_harness import (
     Daemon,
     consume_all,
+    create_topic,
     decision_events,
     expected_alerts,
     free_port,
@@ -150,12 +153,16 @@ def test_check_config_connect_reports_topics_per_mechanism(
         ),
         "mutual TLS": (kafka_security["ssl"], _mutual_tls(kafka_security)),
     }
+    topic = f"decisions-{uuid.uuid4().hex[:8]}"
+    asyncio.run(create_topic(kafka_bootstrap, topic, partitions=3))
     for name, (listener, settings) in cases.items():
         config = _config(tmp_path, listener, settings)
+        config.write_text(config.read_text().replace('topic = "decisions"', f'topic = "{topic}"'))
         assert main(["check-config", "--connect", str(config)]) == 0, name
         out = capsys.readouterr().out
         assert f"connected to {listener}" in out, name
-        assert "reads decisions:" in out and "writes vigil.alerts:" in out, name
+        assert f"reads {topic}: 3 partitions" in out, out
+        assert "writes vigil.alerts:" in out, name
         assert _password(kafka_security) not in out
 
 
