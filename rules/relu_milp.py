@@ -137,6 +137,40 @@ class ReluModel:
             value,
         )
 
+    def _dense_rows(
+        self,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        cols: np.ndarray,
+        coef: np.ndarray,
+        extra_cols: list[np.ndarray],
+        extra_coef: list[np.ndarray | float],
+    ) -> None:
+        """One row per entry of ``lower``: coefficients ``coef`` (n, len(cols)) on the
+        columns ``cols`` (none when ``coef`` has no columns), then per extra column of the
+        row its index (n,) and coefficient (n,) or a coefficient shared by all rows."""
+        n = len(lower)
+        if not n:
+            return
+        width = coef.shape[1] + len(extra_cols)
+        index = np.empty((n, width), dtype=np.int32)
+        value = np.empty((n, width))
+        index[:, : coef.shape[1]] = cols
+        value[:, : coef.shape[1]] = coef
+        for t, (c, v) in enumerate(zip(extra_cols, extra_coef, strict=True), coef.shape[1]):
+            index[:, t] = c
+            value[:, t] = v
+        starts = np.arange(0, n * width, width, dtype=np.int32)
+        self.h.addRows(
+            n,
+            np.asarray(lower, dtype=np.float64),
+            np.asarray(upper, dtype=np.float64),
+            n * width,
+            starts,
+            index.ravel(),
+            value.ravel(),
+        )
+
     def start_box(self, box: Layer) -> None:
         """The input ball (already clipped) as column bounds."""
         self.input_cols = self._cols(box.lower, box.upper)
@@ -222,27 +256,19 @@ class ReluModel:
         cols = self._cols(np.where(active, pre.lower, 0.0)[alive], pre.upper[alive])
         col_of = np.full(len(b), -1)
         col_of[alive] = cols
-        lower, upper, rows = [], [], []
-        for j in np.flatnonzero(active):
-            rows.append((np.append(prev, col_of[j]), np.append(-wa[j], 1.0)))
-            lower.append(off[j] - e[j])
-            upper.append(off[j] + e[j])
-        unstable_idx = np.flatnonzero(unstable)
-        if len(unstable_idx):
-            s_cols = self._cols(np.zeros(len(unstable_idx)), np.ones(len(unstable_idx)))
-            self.integers += s_cols.tolist()
-            for j, s in zip(unstable_idx, s_cols, strict=True):
-                a, lj, uj = col_of[j], pre.lower[j], pre.upper[j]
-                rows.append((np.append(prev, a), np.append(-wa[j], 1.0)))  # a >= z
-                lower.append(off[j] - e[j])
-                upper.append(INF)
-                rows.append((np.concatenate([prev, [a, s]]), np.concatenate([-wa[j], [1.0, -lj]])))
-                lower.append(-INF)  # a <= z - l (1 - s)
-                upper.append(off[j] + e[j] - lj)
-                rows.append(([a, s], [1.0, -uj]))  # a <= u s
-                lower.append(-INF)
-                upper.append(0.0)
-        self._rows(lower, upper, rows)
+        j = np.flatnonzero(active)  # a = z
+        self._dense_rows(off[j] - e[j], off[j] + e[j], prev, -wa[j], [col_of[j]], [1.0])
+        j = np.flatnonzero(unstable)
+        if len(j):
+            s = self._cols(np.zeros(len(j)), np.ones(len(j)))
+            self.integers += s.tolist()
+            a, lj, uj, n = col_of[j], pre.lower[j], pre.upper[j], len(j)
+            low, high = off[j] - e[j], off[j] + e[j]
+            self._dense_rows(low, np.full(n, INF), prev, -wa[j], [a], [1.0])  # a >= z
+            # a <= z - l (1 - s)
+            self._dense_rows(np.full(n, -INF), high - lj, prev, -wa[j], [a, s], [1.0, -lj])
+            none = np.zeros(0, dtype=np.int32), np.zeros((n, 0))
+            self._dense_rows(np.full(n, -INF), np.zeros(n), *none, [a, s], [1.0, -uj])  # a <= u s
         self.current = cols
         self.alive = alive
         self.dead_value = np.zeros(len(b))

@@ -35,11 +35,12 @@ class OutputBounds:
     times the weight of that input in the bounds of the rows still open (B, d): the inputs
     whose bisection tightens the open bounds most; and per box the neurons its
     pre-activation bounds leave unstable (B,): what an exact MILP of the box must branch
-    on."""
+    on; and those bounds, per hidden layer (low, high), each (B, width)."""
 
     upper: np.ndarray
     gradient: np.ndarray
     unstable: np.ndarray
+    pre: list[tuple[np.ndarray, np.ndarray]]
 
 
 def output_bounds(
@@ -57,7 +58,7 @@ def output_bounds(
         network.output, -logits.upper[:, m:], logits.upper[:, :m], network.precision is not None
     )
     upper = np.maximum(C[None] * y_low[:, None, :], C[None] * y_high[:, None, :]).sum(axis=2)
-    return OutputBounds(upper, logits.gradient, logits.unstable)
+    return OutputBounds(upper, logits.gradient, logits.unstable, logits.pre)
 
 
 _ROUNDING = 8 * np.finfo(np.float64).eps
@@ -130,7 +131,7 @@ def _logit_bounds(
     unstable = np.zeros(len(lo), dtype=np.int64)  # stays 0 without hidden layers
     for k, (low, high) in enumerate(pre):
         unstable += ((low < 0) & (high > 0) & network.relus(k)).sum(axis=1)
-    return OutputBounds(upper, gradient, unstable)
+    return OutputBounds(upper, gradient, unstable, pre)
 
 
 @dataclass(frozen=True)

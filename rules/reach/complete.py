@@ -440,6 +440,7 @@ class _BranchAndBound:
                 continue
             lo, hi, open_ = lo[live], hi[live], open_[live]
             grad, unstable = bound.gradient[live], bound.unstable[live]
+            pre = [(low[live], high[live]) for low, high in bound.pre]
             found, closest = self.search.descend(
                 self.case, (lo + hi) / 2, lo, hi, BOX_STEPS, step=0.25
             )
@@ -448,6 +449,7 @@ class _BranchAndBound:
             # the halves of the boxes whose search came closest are taken first, depth first
             order = np.argsort(closest, kind="stable")
             lo, hi, open_, grad = lo[order], hi[order], open_[order], grad[order]
+            pre = [(low[order], high[order]) for low, high in pre]
             share = (hi - lo) / self.width
             bisections = -np.log2(np.where(self.fixed, 1.0, share)).sum(axis=1)
             exact = share.max(axis=1) < MILP_WIDTH
@@ -455,7 +457,8 @@ class _BranchAndBound:
                 if self.network.relu_only:  # deep and nearly stable: the MILP decides
                     exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
                 for i in np.flatnonzero(exact):
-                    outcome = self._milp(lo[i], hi[i], open_[i], deadline)
+                    box = [(low[i : i + 1], high[i : i + 1]) for low, high in pre]
+                    outcome = self._milp(lo[i], hi[i], open_[i], box, deadline)
                     if isinstance(outcome, tuple):
                         return outcome
                     if outcome == "timeout":  # still open: the verdict is a timeout
@@ -528,17 +531,23 @@ class _BranchAndBound:
         return np.argmax(np.where(near.T, grad, -1.0), axis=1)
 
     def _milp(
-        self, lo: np.ndarray, hi: np.ndarray, open_: np.ndarray, deadline: float
+        self,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        open_: np.ndarray,
+        bounds: list[tuple[np.ndarray, np.ndarray]],
+        deadline: float,
     ) -> str | tuple:
-        """Decide the open polytopes of a tiny box exactly: a counterexample, "unsat",
-        "unknown", or "timeout" when the deadline came first (the box stays open)."""
+        """Decide the open polytopes of a tiny box exactly on its pre-activation ``bounds``
+        (each (1, width)): a counterexample, "unsat", "unknown", or "timeout" when the
+        deadline came first (the box stays open)."""
         for p in np.flatnonzero(open_):
             seconds = deadline - time.monotonic()
             if seconds <= 0:
                 return "timeout"
             self.stats["milp"] += 1
             c, d = self.case.unsafe[p]
-            outcome = self.search.milp(self.case, lo, hi, c, d, seconds)
+            outcome = self.search.milp(self.case, lo, hi, c, d, seconds, bounds)
             if isinstance(outcome, tuple):
                 return outcome
             if outcome != "infeasible":
