@@ -14,6 +14,7 @@ from tests.milp_oracle import max_violation
 from tests.test_reach_network import write_problem
 from vigil.daemon.cli import main
 from vigil.daemon.config import ReachRuleConfig
+from vigil.rules.reach import complete
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.online import Accelerations, OnlineVerifier
 from vigil.rules.reach.sets import InputSet, OutputSpec
@@ -69,6 +70,24 @@ def test_an_unknown_step_is_decided_as_the_milp_decides_it(
         x = np.array([result.counterexample])
         assert region.contains(x)[0]
         assert spec.violation(net.forward(x))[0] > 0
+
+
+@pytest.mark.parametrize("slack", [2e-3, -2e-3])
+def test_a_box_the_milp_does_not_decide_within_its_cap_is_bisected(monkeypatch, slack):
+    """Every open box goes to the MILP under a cap no solve meets: each is bisected instead
+    (until it is narrow enough for an uncapped MILP), and the verdict is the oracle's."""
+    monkeypatch.setattr(complete, "MILP_TIERS", ((0, 10**6),))
+    monkeypatch.setattr(complete, "MILP_TRY_SECONDS", 1e-9)
+    net = network(11, 2, 8, 1)
+    region = InputSet(-np.ones(2), np.ones(2))
+    c = np.array([[1.0]])
+    worst, _ = max_violation(net, region, OutputSpec(c, np.zeros(1)))
+    verdict = complete.decide(net, region, OutputSpec(c, [worst + slack]), timeout=60.0)
+    assert verdict.result == ("unsat" if slack > 0 else "sat"), verdict.reason
+    if slack > 0:  # the search ran: boxes went to the MILP and were split
+        assert verdict.stats["milp"] > 0 and verdict.stats["splits"] > 0
+    else:
+        assert net.forward(verdict.x[None])[0, 0] > worst + slack
 
 
 def test_the_complete_step_runs_only_on_unknown_steps_and_only_when_asked():

@@ -51,11 +51,17 @@ MAX_AVERAGED = 5
 BOX_STEPS = 6
 MILP_WIDTH = 1e-4
 """A box whose widest side (relative to the query's box) is below this goes to the MILP."""
-MILP_DEPTH, MILP_UNSTABLE = 20, 30
-"""A box of a ReLU network bisected at least this often whose bounds leave at most this
-many neurons unstable goes to the MILP too: bisection had not closed it, and HiGHS decides
-such a box in milliseconds. ACAS Xu property 2 on 3_3 and 4_2 (near-ties of 0.001) went
-from timeouts to 52 and 81 s (docs/benchmarks.md)."""
+MILP_TIERS = ((14, 25), (20, 30))
+"""A box of a ReLU network bisected at least as often as a tier says whose bounds leave at
+most that tier's unstable neurons goes to the MILP too: bisection had not closed it. On
+ACAS Xu property 2 (near-ties of 0.001) the boxes along the tie keep 20-30 unstable
+neurons. Two at a time on this machine, 4_2 took 85 s with these tiers and 125 s with
+(20, 30) alone, 3_3 39-42 s and 71 s; (16, 20) gave no verdict in 250 s. Property 5 on
+1_1 pays: 12 s instead of 8 (docs/benchmarks.md)."""
+MILP_TRY_SECONDS = 0.1
+"""The MILP's time on a box sent by ``MILP_TIERS`` (per polytope); a box it does not decide
+in that time is bisected. HiGHS decides most such boxes in 5-25 ms, a few of them (the
+wider) in up to 1.8 s, which their halves take a fraction of."""
 MILP_MARGINS = (1e-6, 1e-4)
 """How far inside the unsafe region (relative to each row's bound, plus as much absolute)
 a MILP point is sought again, in turn, when the evaluator rejects one on the region's
@@ -452,16 +458,21 @@ class _BranchAndBound:
             pre = [(low[order], high[order]) for low, high in pre]
             share = (hi - lo) / self.width
             bisections = -np.log2(np.where(self.fixed, 1.0, share)).sum(axis=1)
-            exact = share.max(axis=1) < MILP_WIDTH
+            tiny = share.max(axis=1) < MILP_WIDTH
+            exact = tiny.copy()
             if self.network.output == "none":
                 if self.network.relu_only:  # deep and nearly stable: the MILP decides
-                    exact |= (bisections >= MILP_DEPTH) & (unstable[order] <= MILP_UNSTABLE)
+                    for depth, most in MILP_TIERS:
+                        exact |= (bisections >= depth) & (unstable[order] <= most)
                 for i in np.flatnonzero(exact):
                     box = [(low[i : i + 1], high[i : i + 1]) for low, high in pre]
-                    outcome = self._milp(lo[i], hi[i], open_[i], box, deadline)
+                    cap = None if tiny[i] else MILP_TRY_SECONDS
+                    outcome = self._milp(lo[i], hi[i], open_[i], box, deadline, cap)
                     if isinstance(outcome, tuple):
                         return outcome
-                    if outcome == "timeout":  # still open: the verdict is a timeout
+                    if outcome == "split":  # not decided within the cap: bisected
+                        exact[i] = False
+                    elif outcome == "timeout":  # still open: the verdict is a timeout
                         self.stack_lo.append(lo[i : i + 1])
                         self.stack_hi.append(hi[i : i + 1])
                         self.stack_open.append(open_[i : i + 1])
@@ -537,23 +548,31 @@ class _BranchAndBound:
         open_: np.ndarray,
         bounds: list[tuple[np.ndarray, np.ndarray]],
         deadline: float,
+        cap: float | None = None,
     ) -> str | tuple:
-        """Decide the open polytopes of a tiny box exactly on its pre-activation ``bounds``
-        (each (1, width)): a counterexample, "unsat", "unknown", or "timeout" when the
-        deadline came first (the box stays open)."""
+        """Decide the open polytopes of a small box exactly on its pre-activation
+        ``bounds`` (each (1, width)), each in at most ``cap`` seconds when given: a
+        counterexample, "unsat", "unknown", "split" when a polytope was not decided within
+        the cap, or "timeout" when the deadline came first (the box stays open). A
+        polytope shown empty is closed in ``open_``."""
         for p in np.flatnonzero(open_):
             seconds = deadline - time.monotonic()
             if seconds <= 0:
                 return "timeout"
             self.stats["milp"] += 1
             c, d = self.case.unsafe[p]
-            outcome = self.search.milp(self.case, lo, hi, c, d, seconds, bounds)
+            limit = seconds if cap is None else min(cap, seconds)
+            outcome = self.search.milp(self.case, lo, hi, c, d, limit, bounds)
             if isinstance(outcome, tuple):
                 return outcome
-            if outcome != "infeasible":
-                # the solver stopped (at the deadline: a timeout), or no point the
-                # evaluator accepts
-                return "timeout" if time.monotonic() >= deadline else "unknown"
+            if outcome == "infeasible":
+                open_[p] = False
+                continue
+            # the solver stopped (at the deadline: a timeout), or no point the evaluator
+            # accepts
+            if time.monotonic() >= deadline:
+                return "timeout"
+            return "unknown" if cap is None else "split"
         return "unsat"
 
 
