@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.milp_oracle import max_violation
 from tests.onnx_models import conv_residual, mlp
 from vigil.daemon.cli import main
-from vigil.rules.reach.backward import output_bounds
+from vigil.rules.reach.backward import output_bounds, pre_activation_bounds
 from vigil.rules.reach.complete import _BranchAndBound, _Search, verify
 from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network, OnnxRunner
@@ -187,7 +187,9 @@ def test_a_milp_past_the_deadline_is_not_started_and_its_box_stays_open():
     search = _Search(net, net.forward, stats, 1 << 28)
     bab = _BranchAndBound(net, case, search, stats, None, 1 << 28)
     open_ = np.ones(len(case.unsafe), dtype=bool)
-    assert bab._milp(lo, hi, open_, time.monotonic() - 1.0) == "timeout"
+    bounds = pre_activation_bounds(net, lo[None], hi[None])
+    assert bab._milp(lo, hi, open_, bounds, time.monotonic() - 1.0) == "timeout"
     assert stats["milp"] == 0
-    assert bab._milp(lo, hi, open_, time.monotonic() + 30.0) == "unsat"
+    assert bab._milp(lo, hi, open_, bounds, time.monotonic() + 30.0) == "unsat"
     assert stats["milp"] == 1
+    assert not open_.any()  # the polytope shown empty is closed

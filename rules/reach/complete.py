@@ -323,7 +323,8 @@ class _Search:
         any_row: bool = False,
     ) -> tuple | str:
         """``milp.box_counterexample`` with its point confirmed: a counterexample,
-        "infeasible", or "unknown" (the solver stopped, or the evaluator rejects its point).
+        "infeasible", "unknown" (the solver stopped) or "unconfirmed" (the evaluator
+        rejects its points).
         The solver's region is closed and its point may lie on the boundary, or past it by
         the solver's tolerance, where a strict row or a row without tolerance rejects it:
         the region with every row moved inside by each of ``MILP_MARGINS`` is then tried in
@@ -342,7 +343,7 @@ class _Search:
             inside = d - margin * (1.0 + np.abs(d))
             outcome, x = box_counterexample(net, lo, hi, c, inside, left, bounds, any_row)
             found = self.confirmed(case, x[None]) if x is not None else None
-        return found if found is not None else "unknown"
+        return found if found is not None else "unconfirmed"
 
     def _objective(self, case: Case, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """min over polytopes of max over rows of (c y - d), and its gradient in x (through
@@ -552,9 +553,10 @@ class _BranchAndBound:
     ) -> str | tuple:
         """Decide the open polytopes of a small box exactly on its pre-activation
         ``bounds`` (each (1, width)), each in at most ``cap`` seconds when given: a
-        counterexample, "unsat", "unknown", "split" when a polytope was not decided within
-        the cap, or "timeout" when the deadline came first (the box stays open). A
-        polytope shown empty is closed in ``open_``."""
+        counterexample, "unsat", "unknown" (the evaluator rejects the solver's points, or
+        the solver stopped without a cap), "split" when the solver stopped at the cap, or
+        "timeout" when the deadline came first (the box stays open). A polytope shown
+        empty is closed in ``open_``."""
         for p in np.flatnonzero(open_):
             seconds = deadline - time.monotonic()
             if seconds <= 0:
@@ -568,11 +570,9 @@ class _BranchAndBound:
             if outcome == "infeasible":
                 open_[p] = False
                 continue
-            # the solver stopped (at the deadline: a timeout), or no point the evaluator
-            # accepts
             if time.monotonic() >= deadline:
                 return "timeout"
-            return "unknown" if cap is None else "split"
+            return "split" if outcome == "unknown" and cap is not None else "unknown"
         return "unsat"
 
 
