@@ -447,7 +447,6 @@ class _BranchAndBound:
                 continue
             lo, hi, open_ = lo[live], hi[live], open_[live]
             grad, unstable = bound.gradient[live], bound.unstable[live]
-            pre = [(low[live], high[live]) for low, high in bound.pre]
             found, closest = self.search.descend(
                 self.case, (lo + hi) / 2, lo, hi, BOX_STEPS, step=0.25
             )
@@ -456,7 +455,7 @@ class _BranchAndBound:
             # the halves of the boxes whose search came closest are taken first, depth first
             order = np.argsort(closest, kind="stable")
             lo, hi, open_, grad = lo[order], hi[order], open_[order], grad[order]
-            pre = [(low[order], high[order]) for low, high in pre]
+            batch_row = live[order]  # each box's row in ``bound``
             share = (hi - lo) / self.width
             bisections = -np.log2(np.where(self.fixed, 1.0, share)).sum(axis=1)
             tiny = share.max(axis=1) < MILP_WIDTH
@@ -466,7 +465,8 @@ class _BranchAndBound:
                     for depth, most in MILP_TIERS:
                         exact |= (bisections >= depth) & (unstable[order] <= most)
                 for i in np.flatnonzero(exact):
-                    box = [(low[i : i + 1], high[i : i + 1]) for low, high in pre]
+                    j = batch_row[i]
+                    box = [(low[j : j + 1], high[j : j + 1]) for low, high in bound.pre]
                     cap = None if tiny[i] else MILP_TRY_SECONDS
                     outcome = self._milp(lo[i], hi[i], open_[i], box, deadline, cap)
                     if isinstance(outcome, tuple):
