@@ -23,6 +23,7 @@ from pathlib import Path
 from vnncomp import (
     ROOT,
     collect,
+    compile_project,
     header,
     run_instance,
     summary,
@@ -72,6 +73,7 @@ def main() -> int:
     if args.props:
         wanted = {int(x) for x in args.props.split(",")}
         rows = [r for r in rows if int(re.search(r"prop_(\d+)", r[1]).group(1)) in wanted]
+    compile_project()
     print(f"{len(rows)} instances, {args.jobs} at a time (OPENBLAS_NUM_THREADS={threads()})")
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(run_one, args.data, r, Path(tmp)) for r in rows]

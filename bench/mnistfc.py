@@ -24,6 +24,7 @@ from pathlib import Path
 from vnncomp import (
     ROOT,
     collect,
+    compile_project,
     header,
     run_instance,
     summary,
@@ -63,6 +64,7 @@ def main() -> int:
     if args.published:
         rows = [r for r in rows if published.get((r[0], r[1]), "?") != "?"]
     limit_mb = _megabytes(args.memory_limit)
+    compile_project()
     print(f"{len(rows)} instances, {args.jobs} at a time, --memory-limit {args.memory_limit} "
           f"(OPENBLAS_NUM_THREADS={threads()})", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:

@@ -5,6 +5,7 @@ the summary table."""
 
 from __future__ import annotations
 
+import compileall
 import csv
 import os
 import re
@@ -45,6 +46,15 @@ def check_counterexample(model: Path, spec: Path, text: str) -> str | None:
     if not query.counterexample(x, reference):
         return "onnxruntime's output at X is not in the unsafe region of a box holding X"
     return None
+
+
+def compile_project() -> None:
+    """Write the project's bytecode before anything is timed, as installing a package does:
+    an editable install leaves it to the first import, which never writes it where
+    ``PYTHONDONTWRITEBYTECODE`` is set, so every instance would compile the modules it
+    imports (about 30 ms of each run here)."""
+    for part in ("vigil", "rules", "connectors", "daemon"):
+        compileall.compile_dir(ROOT / part, quiet=1)
 
 
 MEASURED = """
