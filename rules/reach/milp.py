@@ -87,6 +87,9 @@ def _add_hidden(
     slack (so that rounding in HiGHS cannot cut a point); with ``tighten``, each layer
     after the first also LP-tightened. The bounds used, each (1, width)."""
     model.h.setOptionValue("presolve", "off")  # a third faster on these small models
+    # the feasibility-jump heuristic runs before every solve: half of the time of an ACAS
+    # Xu box's MILP, which HiGHS decides at its root (bench/milp_heuristics.py)
+    model.h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
     model.start_box(Layer(lo, hi))
     used = []
     for k, (w, b, (low, high)) in enumerate(
