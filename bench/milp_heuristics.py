@@ -33,8 +33,10 @@ DATA = ROOT.parent / "shared" / "data" / "acasxu"
 OPTION = "mip_heuristic_run_feasibility_jump"
 
 
-def capture(data: Path, network: str, prop: int, seconds: float, every: int, out: Path) -> int:
-    """Run the search, writing every ``every``-th finisher MILP to ``out``; how many."""
+def capture(
+    data: Path, network: str, prop: int, seconds: float, every: int, out: Path
+) -> list[Path]:
+    """Run the search, writing every ``every``-th finisher MILP to ``out``; their files."""
     query = read_query(data / f"prop_{prop}.vnnlib")
     model = data / f"ACASXU_run2a_{network}_batch_2000.onnx"
     net, runner = load_for(model, query.element_type, query.hidden)
@@ -52,7 +54,7 @@ def capture(data: Path, network: str, prop: int, seconds: float, every: int, out
         verify(net, query, runner, timeout=seconds)
     finally:
         relu_milp.ReluModel.solve_milp = solve
-    return len(list(out.glob("*.mps")))
+    return sorted(out.glob("*.mps"))
 
 
 def solve_once(path: Path, heuristic: bool) -> tuple[float, str]:
@@ -78,10 +80,13 @@ def main() -> int:
         print(f"no {args.data}: the ACAS Xu benchmark is not there", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        n = capture(args.data, args.network, args.prop, args.seconds, args.every, Path(tmp))
-        models = sorted(Path(tmp).glob("*.mps"))
-        print(f"{n} finisher MILPs of {args.network} property {args.prop} ({args.seconds:g} s of "
-              f"search, every {args.every}th), {args.repeats} solves each way")  # fmt: skip
+        models = capture(args.data, args.network, args.prop, args.seconds, args.every, Path(tmp))
+        print(f"{len(models)} finisher MILPs of {args.network} property {args.prop} "
+              f"({args.seconds:g} s of search, every {args.every}th), {args.repeats} solves "
+              "each way")  # fmt: skip
+        if not models:
+            print("no MILP was reached: give the search more --seconds", file=sys.stderr)
+            return 1
         times: dict[bool, list[float]] = {True: [], False: []}
         ratios = []
         for path in models:
