@@ -35,6 +35,11 @@ def max_violation(
         h = quiet_highs()
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 1e-9)
+        # rows may be broken by the feasibility tolerances, and the breaks add up through
+        # the layers: at the defaults (1e-6, 1e-7) the optimum came out 1.1e-7 above the
+        # network's own value at its point (test_reach_soundness, seed 3458297007)
+        h.setOptionValue("mip_feasibility_tolerance", 1e-9)
+        h.setOptionValue("primal_feasibility_tolerance", 1e-9)
         xs = [
             h.addVariable(lb=lo, ub=hi) for lo, hi in zip(inputs.lower, inputs.upper, strict=True)
         ]
