@@ -4,6 +4,7 @@ without the libraries of the others."""
 from __future__ import annotations
 
 import argparse
+import os
 import pkgutil
 import subprocess
 import sys
@@ -39,3 +40,34 @@ def test_verify_vnnlib_starts_without_the_daemons_libraries():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _exiting(code: int) -> subprocess.Popen:
+    """A process that prints a line into its (block-buffered) stdout pipe, waits for a line
+    on stdin, then ends through ``exit_now(code)``."""
+    program = (
+        "import sys; from vigil.daemon.cli import exit_now; "
+        f"print('result'); sys.stdin.readline(); exit_now({code})"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.Popen(
+        [sys.executable, "-c", program],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_a_one_shot_command_flushes_its_output_before_it_ends():
+    child = _exiting(3)
+    out, _ = child.communicate(b"go\n", timeout=60)
+    assert (child.returncode, out) == (3, b"result\n")
+
+
+def test_a_one_shot_command_whose_output_is_lost_says_so_in_its_exit_code():
+    child = _exiting(0)
+    child.stdout.close()  # nobody reads: the final flush fails
+    child.stdin.write(b"go\n")
+    child.stdin.close()
+    assert child.wait(timeout=60) == 120

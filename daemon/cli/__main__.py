@@ -1,5 +1,3 @@
-import sys
+from vigil.daemon.cli import console
 
-from vigil.daemon.cli import main
-
-sys.exit(main())
+console()

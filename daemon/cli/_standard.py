@@ -18,11 +18,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import onnx
 
 from vigil import __version__
+from vigil.daemon.cli import exit_now
 from vigil.daemon.cli.verify_vnnlib import solve
 from vigil.rules.graph import CONVERTERS
 from vigil.rules.graph.folding import FOLDED
@@ -75,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     for capability in CAPABILITIES:
         which.add_argument(f"--{capability}", action="store_true")
     return parser
+
+
+def console() -> NoReturn:
+    """The ``vigil-vnnlib`` executable: ``main``, its output flushed, then its exit code
+    (``exit_now``: one query of a driver's loop each)."""
+    exit_now(main())
 
 
 def main(argv: list[str] | None = None) -> int:
