@@ -16,9 +16,9 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from vigil.connectors.events import BadEvent, Record
-from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
+from vigil.connectors.serving.layouts import Layouts, parse
 from vigil.connectors.serving.message import Inference, Role
-from vigil.connectors.serving.oip import from_json, request_tensors, response_tensors
+from vigil.connectors.serving.oip import from_json
 
 ERROR_HEADER = "seldon-pipeline-errors"
 TYPE_HEADER = "seldon-infer-type"
@@ -89,9 +89,11 @@ def join_key(record: Record) -> bytes:
     return header
 
 
-def decode(record: Record, model: str) -> Inference:
+def decode(record: Record, model: str, layouts: Layouts | None = None) -> Inference:
     """The request or response in ``record`` (which by its topic, unless its
-    ``seldon-infer-type`` header says it holds a response), for ``model``."""
+    ``seldon-infer-type`` header says it holds a response), for ``model``; protobuf values
+    are read by the ``layouts`` of the model's traffic when given (the same tensors, with
+    no parse when the message repeats a known layout)."""
     key = join_key(record).decode(errors="replace")
     role = role_of(record.topic)
     value = record.value or b""
@@ -105,10 +107,7 @@ def decode(record: Record, model: str) -> Inference:
         return Inference(key, request_id(key), role, model, _json_tensors(value, role))
     payload = unframe(value)
     try:
-        if role == "request":
-            tensors = request_tensors(pb.ModelInferRequest.FromString(payload))
-        else:
-            tensors = response_tensors(pb.ModelInferResponse.FromString(payload))
+        tensors = layouts.tensors(role, payload) if layouts is not None else parse(role, payload)[1]
     except DecodeError as e:
         raise BadEvent("undecodable", f"not an OIP {role} (protobuf): {e}") from e
     return Inference(key, request_id(key), role, model, tensors)

@@ -26,6 +26,7 @@ from itertools import repeat
 from vigil.connectors.base import OutMessage, TopicPartition
 from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, encode, now_iso
 from vigil.connectors.serving import kserve, seldon
+from vigil.connectors.serving.layouts import Layouts
 from vigil.connectors.serving.message import Inference
 from vigil.connectors.serving.rows import TensorSelection, decision_rows
 from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StatePart
@@ -171,6 +172,7 @@ class ServingJoin(Rule):
         )
         self.timeout_ms = int(config.join_timeout_seconds * 1000)
         self.joins: dict[TopicPartition, Join] = {}
+        self.layouts = Layouts()  # of the model's protobuf messages
         self._continued: set[TopicPartition] = set()  # the last snapshot held checker state
 
     def wants_decisions(self, topic: str) -> bool:
@@ -225,7 +227,7 @@ class ServingJoin(Rule):
         """The request or response in one of the serving stack's records."""
         if self.config.format == "seldon":
             assert self.config.model is not None
-            return seldon.decode(source, self.config.model)
+            return seldon.decode(source, self.config.model, self.layouts)
         return kserve.decode(source)
 
     def _decisions(

@@ -1,0 +1,169 @@
+"""OIP protobuf messages read by their layout give exactly what parsing them gives: the same
+tensors, or the same error, for every message of a stream (the oracle is the protobuf
+parse itself, ``layouts.parse``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vigil.connectors.events import BadEvent
+from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
+from vigil.connectors.serving import layouts as layouts_module
+from vigil.connectors.serving.layouts import Layouts, parse
+from vigil.connectors.serving.oip import FIXED
+from vigil.connectors.serving.seldon import decode
+
+from .test_oip_tensors import TYPED_FIELD
+
+DATATYPES = sorted(FIXED)
+
+
+def message(role: str, ident: str, tensors: list, raw: bool, extra: dict) -> bytes:
+    """A request or response of ``tensors`` ((name, datatype, array) each), serialized."""
+    m = pb.ModelInferRequest() if role == "request" else pb.ModelInferResponse()
+    m.model_name, m.id = extra.get("model", "m"), ident
+    for key, value in extra.get("parameters", {}).items():
+        m.parameters[key].string_param = value
+    specs = m.inputs if role == "request" else m.outputs
+    contents = m.raw_input_contents if role == "request" else m.raw_output_contents
+    for name, datatype, x in tensors:
+        spec = specs.add(name=name, datatype=datatype, shape=list(x.shape))
+        if raw:
+            contents.append(x.astype(x.dtype.newbyteorder("<")).tobytes())
+        else:
+            getattr(spec.contents, TYPED_FIELD[datatype]).extend(x.ravel().tolist())
+    if role == "request" and extra.get("requested"):
+        m.outputs.add(name=extra["requested"])
+    return m.SerializeToString()
+
+
+def values(datatype: str, shape: tuple, draw) -> np.ndarray:
+    dtype = np.dtype(FIXED[datatype])
+    count = int(np.prod(shape))
+    if dtype.kind == "f":
+        width = dtype.itemsize * 8
+        items = st.floats(width=width, allow_nan=False) | st.sampled_from([0.0, 1.0, 2.0])
+    elif dtype.kind == "b":
+        items = st.booleans()
+    else:
+        info = np.iinfo(dtype)
+        small = st.integers(0, min(int(info.max), 200))  # around one-byte varints' edge
+        items = small | st.integers(int(info.min), int(info.max))
+    return np.array(draw(st.lists(items, min_size=count, max_size=count)), dtype).reshape(shape)
+
+
+def outcome(read, payload: bytes):
+    """The tensors as (name, datatype, shape, dtype, values), or the error's type."""
+    try:
+        tensors = read(payload)
+    except (DecodeError, BadEvent) as e:
+        return type(e).__name__
+    return [(t.name, t.datatype, t.shape, t.data.dtype, t.data.tolist()) for t in tensors]
+
+
+@st.composite
+def streams(draw):
+    """A stream's messages: one layout (role, tensors' names, types and shapes, raw or
+    typed) with ids and values drawn anew for each message, some bytes corrupted."""
+    role = draw(st.sampled_from(["request", "response"]))
+    raw = draw(st.booleans())
+    count = draw(st.integers(1, 3))
+    kinds = [
+        (
+            f"t{i}",
+            draw(st.sampled_from(DATATYPES if raw else sorted(TYPED_FIELD))),
+            (draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+        )
+        for i in range(count)
+    ]
+    extra = {
+        "model": draw(st.sampled_from(["m", "iris", "\x1a\x01"])),
+        "parameters": draw(
+            st.dictionaries(st.sampled_from(["a", "content_type"]), st.text(max_size=4), max_size=2)
+        ),
+        "requested": draw(st.sampled_from([None, "t0"])),
+    }
+    same_length_ids = draw(st.booleans())
+    out = []
+    for _ in range(draw(st.integers(2, 8))):
+        if same_length_ids:
+            ident = draw(st.text(alphabet="abcdef0123456789-", min_size=8, max_size=8))
+        else:
+            ident = draw(st.text(max_size=12))
+        tensors = [
+            (name, datatype, values(datatype, shape, draw)) for name, datatype, shape in kinds
+        ]
+        payload = message(role, ident, tensors, raw, extra)
+        if draw(st.integers(0, 4)) == 0:  # a corrupted copy: one byte changed
+            at = draw(st.integers(0, len(payload) - 1))
+            flipped = bytearray(payload)
+            flipped[at] = draw(st.integers(0, 255))
+            payload = bytes(flipped)
+        out.append(payload)
+    return role, out
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=streams())
+def test_every_message_reads_as_its_parse(stream):
+    role, payloads = stream
+    layouts = Layouts()
+    for payload in payloads:
+        assert outcome(lambda p: layouts.tensors(role, p), payload) == outcome(
+            lambda p: parse(role, p)[1], payload
+        )
+
+
+def _one_row(ident: str, x: np.ndarray, label: int) -> tuple[bytes, bytes]:
+    request = message("request", ident, [("predict", "FP64", x)], True, {"requested": "predict"})
+    response = message("response", ident, [("predict", "INT64", np.array([[label]]))], False, {})
+    return request, response
+
+
+def test_a_repeated_layout_is_read_without_parsing(monkeypatch):
+    """One-row traffic as a model server writes it: after the first request and response,
+    the next ones are read by their layout (a parse here would fail the test)."""
+    rng = np.random.default_rng(0)
+    layouts = Layouts()
+    first = _one_row("5f0c7a1e-0000", rng.random((1, 6)), 1)
+    layouts.tensors("request", first[0])
+    layouts.tensors("response", first[1])
+    assert len(layouts) == 2
+
+    def refused(role, payload):
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(layouts_module, "parse", refused)
+    x = rng.random((1, 6))
+    request, response = _one_row("9b1d22c4-0001", x, 0)
+    (got,) = layouts.tensors("request", request)
+    assert got.data.tolist() == x.tolist() and got.shape == (1, 6)
+    (label,) = layouts.tensors("response", response)
+    assert label.data.tolist() == [[0]] and label.data.dtype == np.dtype("<i8")
+    with pytest.raises(AssertionError, match="parsed"):  # a label of 128 takes two bytes
+        layouts.tensors("response", _one_row("9b1d22c4-0002", x, 200)[1][:-1] + b"\x01")
+
+
+def test_seldon_decode_with_layouts_gives_the_same_inference():
+    from vigil.connectors.events import Record
+
+    layouts = Layouts()
+    rng = np.random.default_rng(1)
+    for i in range(5):
+        request, response = _one_row(f"id-{i:04d}", rng.random((1, 4)), i % 3)
+        for topic, payload in (("s.d.model.m.inputs", request), ("s.d.model.m.outputs", response)):
+            record = Record(topic, 0, i, payload, f"0.m.id-{i:04d}".encode(), (), 1000 + i)
+            fast, slow = decode(record, "m", layouts), decode(record, "m")
+            assert (fast.join_key, fast.role, fast.request_id) == (
+                slow.join_key,
+                slow.role,
+                slow.request_id,
+            )
+            assert [(t.name, t.shape, t.data.tolist()) for t in fast.tensors] == [
+                (t.name, t.shape, t.data.tolist()) for t in slow.tensors
+            ]
+    assert len(layouts) == 2
