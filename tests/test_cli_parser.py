@@ -42,11 +42,11 @@ def test_verify_vnnlib_starts_without_the_daemons_libraries():
     assert out.stdout.strip() == "[]"
 
 
-def _exiting(code: int) -> subprocess.Popen:
-    """A process that prints a line into its (block-buffered) stdout pipe, waits for a line
-    on stdin, then ends through ``exit_now(code)``."""
+def _exiting(code: int, before: str = "pass") -> subprocess.Popen:
+    """A process that runs ``before``, prints a line into its (block-buffered) stdout pipe,
+    waits for a line on stdin, then ends through ``exit_now(code)``."""
     program = (
-        "import sys; from vigil.daemon.cli import exit_now; "
+        f"import sys; from vigil.daemon.cli import exit_now; {before}; "
         f"print('result'); sys.stdin.readline(); exit_now({code})"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
@@ -71,3 +71,11 @@ def test_a_one_shot_command_whose_output_is_lost_says_so_in_its_exit_code():
     child.stdin.write(b"go\n")
     child.stdin.close()
     assert child.wait(timeout=60) == 120
+
+
+def test_a_one_shot_command_under_a_profiler_exits_as_usual():
+    """A profiler or coverage writes its data at exit: the teardown is kept for them."""
+    before = "import atexit; atexit.register(print, 'written'); sys.setprofile(lambda *a: None)"
+    child = _exiting(4, before)
+    out, _ = child.communicate(b"go\n", timeout=60)
+    assert (child.returncode, out) == (4, b"result\nwritten\n")
