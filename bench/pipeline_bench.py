@@ -11,7 +11,10 @@ For each delivery mode (at-least-once, exactly-once), in one run:
    collections it ran (`python_gc_collections_total`);
 2. latency: with the daemon caught up, decisions are produced at ``--rate`` per second and
    every alert's arrival (read_committed, timed in a process of its own) is matched with
-   its decision's send time: p50/p99.
+   its decision's send time: p50/p99. First, the same decisions at the same rate into a
+   topic of their own, timed to their arrival there ("broker alone"): the round trip the
+   broker and the clients take without the daemon, measured in the same run. A decision's
+   alert makes two such trips.
 The daemon's peak resident memory (VmHWM) is reported after each mode. The stream is
 adult-base-P1 from ../shared/data when present (repeated to reach N), else a synthetic
 stream of the same shape (30 features, 26 binary).
@@ -29,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from streams import CERTIFAIR_ZIP, certifair  # noqa: E402
 
-from tests.daemon_harness import Daemon, metric_samples, wait_http  # noqa: E402
+from tests.daemon_harness import Daemon, create_topic, metric_samples, wait_http  # noqa: E402
 
 
 def stream(n: int) -> tuple[np.ndarray, np.ndarray, str]:
@@ -160,14 +164,36 @@ async def run_mode(args, exactly_once: bool, x, y) -> dict:
 
 
 async def latency_phase(args, daemon: Daemon, x, y) -> dict:
+    """Decisions at ``--rate`` into the daemon, each timed to its alert (read_committed)."""
     count = min(len(x), args.rate * args.latency_seconds)
     # a shifted copy of the stream's start: new decisions with the same witness structure
     values = events(x[:count] + 10.0, y[:count], start=10**9)
+    return await round_trips(args, daemon.topic, values, daemon.alerts_topic, ALERT_ID)
+
+
+async def broker_round_trip(args, x, y) -> dict:
+    """The same decisions at the same rate into a topic of their own, each timed to its
+    arrival there: what the broker and the Kafka clients alone take, the floor under the
+    daemon's latency (which adds a second such trip, for its alert)."""
+    topic = f"round-trip-{uuid.uuid4().hex[:8]}"
+    await create_topic(args.bootstrap, topic)
+    count = min(len(x), args.rate * args.latency_seconds)
+    values = events(x[:count], y[:count], start=10**9)
+    return await round_trips(args, topic, values, topic, DECISION_ID)
+
+
+ALERT_ID = ("decision", "id")
+DECISION_ID = ("id",)
+
+
+async def round_trips(args, topic: str, values: list[bytes], read: str, ident: tuple) -> dict:
+    """Send ``values`` to ``topic`` at ``--rate``; p50/p99 of the time from each send to
+    the arrival on ``read`` of the record whose ``ident`` path names it."""
     spawn = multiprocessing.get_context("spawn")
     ready, stop = spawn.Event(), spawn.Event()
     received, sender = spawn.Pipe(duplex=False)
     timer = spawn.Process(
-        target=time_alerts, args=(args.bootstrap, daemon.alerts_topic, ready, stop, sender)
+        target=time_arrivals, args=(args.bootstrap, read, ident, ready, stop, sender)
     )
     timer.start()
     while not ready.wait(0):
@@ -182,7 +208,7 @@ async def latency_phase(args, daemon: Daemon, x, y) -> dict:
             delay = start + i / args.rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await producer.send(daemon.topic, v, key=b"compas")
+            await producer.send(topic, v, key=b"compas")
             sent[10**9 + i] = time.monotonic()
         await producer.flush()
     finally:
@@ -192,16 +218,23 @@ async def latency_phase(args, daemon: Daemon, x, y) -> dict:
     stop.set()
     arrivals = await asyncio.to_thread(received.recv)
     timer.join()
-    latencies = [at - sent[ident] for ident, at in arrivals if ident in sent]
+    latencies = [at - sent[i] for i, at in arrivals if i in sent]
     if not latencies:
         return {"alerts_timed": 0, "p50_ms": float("nan"), "p99_ms": float("nan")}
     q = statistics.quantiles(latencies, n=100)
     return {"alerts_timed": len(latencies), "p50_ms": 1e3 * q[49], "p99_ms": 1e3 * q[98]}
 
 
-def time_alerts(bootstrap: str, topic: str, ready, stop, out) -> None:
+def time_arrivals(bootstrap: str, topic: str, ident: tuple, ready, stop, out) -> None:
     """In a process of its own (so that producing does not delay the clock on arrivals):
-    (decision id, monotonic time) of every alert read (read_committed) until ``stop``."""
+    (id, monotonic time) of every record read (read_committed) until ``stop``, its id at
+    the JSON path ``ident``."""
+
+    def named(value: bytes) -> int:
+        item = orjson.loads(value)
+        for key in ident:
+            item = item[key]
+        return item
 
     async def collect() -> list[tuple[int, float]]:
         consumer = AIOKafkaConsumer(
@@ -219,7 +252,7 @@ def time_alerts(bootstrap: str, topic: str, ready, stop, out) -> None:
                 batches = await consumer.getmany(timeout_ms=100)
                 now = time.monotonic()
                 for records in batches.values():
-                    arrivals += [(orjson.loads(r.value)["decision"]["id"], now) for r in records]
+                    arrivals += [(named(r.value), now) for r in records]
         finally:
             await consumer.stop()
         return arrivals
@@ -243,6 +276,11 @@ async def main() -> int:
     print(
         f"{'mode':<15}{'decisions/s':>12}{'CPU us/dec':>11}{'GCs':>6}{'p50 ms':>9}"
         f"{'p99 ms':>9}{'alerts timed':>14}{'peak RSS MiB':>14}"
+    )
+    floor = await broker_round_trip(args, x, y)
+    print(
+        f"{'broker alone':<15}{'':>12}{'':>11}{'':>6}{floor['p50_ms']:>9.1f}{floor['p99_ms']:>9.1f}"
+        f"{floor['alerts_timed']:>14}{'':>14}"
     )
     for mode in args.modes.split(","):
         r = await run_mode(args, mode == "exactly-once", x, y)
