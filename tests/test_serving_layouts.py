@@ -57,12 +57,26 @@ def values(datatype: str, shape: tuple, draw) -> np.ndarray:
 
 
 def outcome(read, payload: bytes):
-    """The tensors as (name, datatype, shape, dtype, values), or the error's type."""
+    """The tensors as (name, datatype, shape, dtype, values), or the error's type; a NaN
+    (a corrupted float's bits) as "nan", so that two NaNs compare equal."""
     try:
         tensors = read(payload)
     except (DecodeError, BadEvent) as e:
         return type(e).__name__
-    return [(t.name, t.datatype, t.shape, t.data.dtype, t.data.tolist()) for t in tensors]
+    return [
+        (
+            t.name,
+            t.datatype,
+            t.shape,
+            t.data.dtype,
+            [_nan_named(v) for v in t.data.ravel().tolist()],
+        )
+        for t in tensors
+    ]
+
+
+def _nan_named(value):
+    return "nan" if isinstance(value, float) and value != value else value
 
 
 @st.composite

@@ -22,7 +22,13 @@ from google.protobuf.message import DecodeError
 
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.connectors.serving.message import Role
-from vigil.connectors.serving.oip import FIXED, Tensor, request_tensors, response_tensors
+from vigil.connectors.serving.oip import (
+    FIXED,
+    TYPED,
+    Tensor,
+    request_tensors,
+    response_tensors,
+)
 
 KEPT = 64
 """Message sizes whose layouts are kept: a model's traffic has a few."""
@@ -34,30 +40,23 @@ looked at again after this many parsed messages of that size."""
 MAX_CANDIDATES = 16
 """Places tried for one field's contents before its layout is given up."""
 
-_TAG_ID = 3 << 3 | 2
-"""The id's tag (field 3, length-delimited) in requests and responses."""
-_TAG_RAW = {"request": 7 << 3 | 2, "response": 6 << 3 | 2}
-"""The raw contents' tags: ``raw_input_contents`` 7, ``raw_output_contents`` 6."""
-_TAG_TYPED = {
-    name: number << 3 | 2
-    for number, name in enumerate(
-        ("bool", "int", "int64", "uint", "uint64", "fp32", "fp64"), start=1
-    )
+
+def _tag(message: Any, field: str) -> int:
+    """A length-delimited field's tag byte (all those read here have numbers under 16)."""
+    return message.DESCRIPTOR.fields_by_name[field].number << 3 | 2
+
+
+_TAG_ID = {
+    "request": _tag(pb.ModelInferRequest, "id"),
+    "response": _tag(pb.ModelInferResponse, "id"),
 }
-"""The packed typed contents' tags in ``InferTensorContents``, by field (``<name>_contents``)."""
-_PACKED_FLOAT = {"FP32": "fp32_contents", "FP64": "fp64_contents"}
-_PACKED_SMALL = {
-    "BOOL": "bool_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
+_TAG_RAW = {
+    "request": _tag(pb.ModelInferRequest, "raw_input_contents"),
+    "response": _tag(pb.ModelInferResponse, "raw_output_contents"),
 }
-"""Typed contents stored as varints: one byte a value when every value is under 128."""
+_FLOATS = ("FP32", "FP64")
+"""Typed contents of fixed width (packed float and double); the others' values are varints,
+one byte each when every value is under 128."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +217,7 @@ def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | N
     if message.id:
         contents = message.id.encode()
         probe = bytes(98 if b == 97 else 97 for b in contents)  # "a"s, "b" where "a" was
-        out.append(_Field(_prefix(_TAG_ID, contents), contents, probe, None, None, None))
+        out.append(_Field(_prefix(_TAG_ID[role], contents), contents, probe, None, None, None))
     raw = _raw(role, message)
     for i, tensor in enumerate(tensors):
         count = tensor.data.size
@@ -232,9 +231,9 @@ def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | N
             out.append(_Field(_prefix(_TAG_RAW[role], contents), contents, probe, i, None, values))
             continue
         kind = _specs(role, message)[i].contents
-        one_byte = tensor.datatype not in _PACKED_FLOAT
+        name = TYPED[tensor.datatype]
+        one_byte = tensor.datatype not in _FLOATS
         if one_byte:
-            name = _PACKED_SMALL[tensor.datatype]
             numbers = [int(v) for v in getattr(kind, name)]
             if not all(0 <= v < 128 for v in numbers):
                 return None
@@ -242,12 +241,11 @@ def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | N
             step = 2 if tensor.datatype == "BOOL" else 128
             probe = bytes((b + 1) % step for b in contents)
         else:
-            name = _PACKED_FLOAT[tensor.datatype]
             floats = np.asarray(getattr(kind, name), dtype)
             contents = floats.tobytes()
             probe = np.where(floats == 1.0, 2.0, 1.0).astype(dtype).tobytes()
         values = _Values(tensor.name, tensor.datatype, tensor.shape, 0, count, dtype, one_byte)
-        tag = _TAG_TYPED[name.removesuffix("_contents")]
+        tag = _tag(pb.InferTensorContents, name)
         out.append(_Field(_prefix(tag, contents), contents, probe, i, name, values))
     return out
 

@@ -40,7 +40,7 @@ _WIDTH = {datatype: np.dtype(dtype).itemsize for datatype, dtype in FIXED.items(
 DATATYPES = (*FIXED, "BF16", "BYTES")
 _KNOWN = frozenset(DATATYPES)
 
-_TYPED = {
+TYPED = {
     "BOOL": "bool_contents",
     "UINT8": "uint_contents",
     "UINT16": "uint_contents",
@@ -100,7 +100,7 @@ def from_contents(
 ) -> Tensor:
     """A tensor from typed contents (FP16 and BF16 have none: raw only)."""
     shape = _checked_shape(name, datatype, shape)
-    field = _TYPED.get(datatype)
+    field = TYPED.get(datatype)
     if field is None:
         raise BadEvent("schema", f"tensor {name!r}: {datatype} is sent as raw contents only")
     values = getattr(contents, field)
