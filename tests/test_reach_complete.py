@@ -72,6 +72,29 @@ def test_an_unknown_step_is_decided_as_the_milp_decides_it(
         assert spec.violation(net.forward(x))[0] > 0
 
 
+def test_a_box_whose_milp_points_are_rejected_within_its_cap_is_bisected(monkeypatch):
+    """Within a box's cap the solver's point may be rejected by the evaluator with no time
+    left to look further inside (a loaded machine reaches the cap sooner): the box is
+    bisected, as when the solver stops at the cap, and the verdict is still the oracle's
+    (it was `unknown`)."""
+    monkeypatch.setattr(complete, "MILP_TIERS", ((0, 10**6),))
+    real = complete._Search.milp
+
+    def rejected_within_the_cap(self, case, lo, hi, c, d, seconds, *rest):
+        if seconds <= complete.MILP_TRY_SECONDS:
+            return "unconfirmed"
+        return real(self, case, lo, hi, c, d, seconds, *rest)
+
+    monkeypatch.setattr(complete._Search, "milp", rejected_within_the_cap)
+    net = network(11, 2, 8, 1)
+    region = InputSet(-np.ones(2), np.ones(2))
+    c = np.array([[1.0]])
+    worst, _ = max_violation(net, region, OutputSpec(c, np.zeros(1)))
+    verdict = complete.decide(net, region, OutputSpec(c, [worst + 2e-3]), timeout=60.0)
+    assert verdict.result == "unsat", verdict.reason
+    assert verdict.stats["milp"] > 0 and verdict.stats["splits"] > 0
+
+
 @pytest.mark.parametrize("slack", [2e-3, -2e-3])
 def test_a_box_the_milp_does_not_decide_within_its_cap_is_bisected(monkeypatch, slack):
     """Every open box goes to the MILP under a cap no solve meets: each is bisected instead

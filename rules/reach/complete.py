@@ -553,10 +553,12 @@ class _BranchAndBound:
     ) -> str | tuple:
         """Decide the open polytopes of a small box exactly on its pre-activation
         ``bounds`` (each (1, width)), each in at most ``cap`` seconds when given: a
-        counterexample, "unsat", "unknown" (the evaluator rejects the solver's points, or
-        the solver stopped without a cap), "split" when the solver stopped at the cap, or
-        "timeout" when the deadline came first (the box stays open). A polytope shown
-        empty is closed in ``open_``."""
+        counterexample, "unsat", "unknown" (without a cap: the evaluator rejects the
+        solver's points, or the solver stopped), "split" when the cap passed undecided (the
+        solver stopped, or its points were rejected before the cap left time to look
+        further inside; a loaded machine takes the cap sooner), or "timeout" when the
+        deadline came first (the box stays open). A polytope shown empty is closed in
+        ``open_``."""
         for p in np.flatnonzero(open_):
             seconds = deadline - time.monotonic()
             if seconds <= 0:
@@ -572,7 +574,7 @@ class _BranchAndBound:
                 continue
             if time.monotonic() >= deadline:
                 return "timeout"
-            return "split" if outcome == "unknown" and cap is not None else "unknown"
+            return "split" if cap is not None else "unknown"
         return "unsat"
 
 
