@@ -4,6 +4,8 @@ independent MILP over the same box or polytope."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import orjson
 import pytest
@@ -72,27 +74,36 @@ def test_an_unknown_step_is_decided_as_the_milp_decides_it(
         assert spec.violation(net.forward(x))[0] > 0
 
 
-def test_a_box_whose_milp_points_are_rejected_within_its_cap_is_bisected(monkeypatch):
-    """Within a box's cap the solver's point may be rejected by the evaluator with no time
-    left to look further inside (a loaded machine reaches the cap sooner): the box is
-    bisected, as when the solver stops at the cap, and the verdict is still the oracle's
-    (it was `unknown`)."""
-    monkeypatch.setattr(complete, "MILP_TIERS", ((0, 10**6),))
-    real = complete._Search.milp
+def test_a_box_whose_cap_ends_before_its_point_is_confirmed_is_bisected(monkeypatch):
+    """A loaded machine: each capped solve takes its whole cap, so a point the evaluator
+    rejects (2e-6 outside the half-plane, the example above) leaves no time to look
+    further inside. The box is bisected, as when the solver stops at the cap, and the
+    counterexample is still found (the search ended `unknown`)."""
+    monkeypatch.setattr(complete, "MILP_TRY_SECONDS", 0.02)
+    real = complete.box_counterexample
 
-    def rejected_within_the_cap(self, case, lo, hi, c, d, seconds, *rest):
+    def slow_within_the_cap(net, lo, hi, c, d, seconds, *rest):
+        started = time.monotonic()
+        answer = real(net, lo, hi, c, d, seconds, *rest)
         if seconds <= complete.MILP_TRY_SECONDS:
-            return "unconfirmed"
-        return real(self, case, lo, hi, c, d, seconds, *rest)
+            time.sleep(max(0.0, started + seconds - time.monotonic()))
+        return answer
 
-    monkeypatch.setattr(complete._Search, "milp", rejected_within_the_cap)
-    net = network(11, 2, 8, 1)
-    region = InputSet(-np.ones(2), np.ones(2))
-    c = np.array([[1.0]])
-    worst, _ = max_violation(net, region, OutputSpec(c, np.zeros(1)))
-    verdict = complete.decide(net, region, OutputSpec(c, [worst + 2e-3]), timeout=60.0)
-    assert verdict.result == "unsat", verdict.reason
-    assert verdict.stats["milp"] > 0 and verdict.stats["splits"] > 0
+    monkeypatch.setattr(complete, "box_counterexample", slow_within_the_cap)
+    seed, inputs = 40049, 4
+    net = network(seed, inputs, 12, 2)
+    rng = np.random.default_rng(seed + 1)
+    lower = rng.uniform(-1.0, 0.0, inputs)
+    upper = lower + rng.uniform(0.2, 1.0, inputs)
+    half = [float(lower.sum() + upper.sum()) / 2]
+    region = InputSet(lower, upper, np.ones((1, inputs)), half)
+    c = rng.normal(size=(3, 2))
+    worst, _ = max_violation(net, region, OutputSpec(c, np.zeros(3)))
+    result = OnlineVerifier(
+        OutputSpec(c, np.full(3, worst - 0.05)), max_branches=1, complete_seconds=30.0
+    ).step(region, net)
+    assert (result.complete, result.status) == ("sat", "violated")
+    assert region.contains(np.array([result.counterexample]))[0]
 
 
 @pytest.mark.parametrize("slack", [2e-3, -2e-3])

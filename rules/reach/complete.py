@@ -323,8 +323,9 @@ class _Search:
         any_row: bool = False,
     ) -> tuple | str:
         """``milp.box_counterexample`` with its point confirmed: a counterexample,
-        "infeasible", "unknown" (the solver stopped) or "unconfirmed" (the evaluator
-        rejects its points).
+        "infeasible", "unknown" (the solver stopped, or the time ran out before its point
+        was sought inside every margin) or "unconfirmed" (the evaluator rejects its points
+        at every margin).
         The solver's region is closed and its point may lie on the boundary, or past it by
         the solver's tolerance, where a strict row or a row without tolerance rejects it:
         the region with every row moved inside by each of ``MILP_MARGINS`` is then tried in
@@ -338,10 +339,14 @@ class _Search:
         found = self.confirmed(case, x[None])
         for margin in MILP_MARGINS:
             left = deadline - time.monotonic()
-            if found is not None or left <= 0:
+            if found is not None:
                 break
+            if left <= 0:
+                return "unknown"
             inside = d - margin * (1.0 + np.abs(d))
             outcome, x = box_counterexample(net, lo, hi, c, inside, left, bounds, any_row)
+            if outcome == "unknown":
+                return outcome
             found = self.confirmed(case, x[None]) if x is not None else None
         return found if found is not None else "unconfirmed"
 
@@ -553,12 +558,11 @@ class _BranchAndBound:
     ) -> str | tuple:
         """Decide the open polytopes of a small box exactly on its pre-activation
         ``bounds`` (each (1, width)), each in at most ``cap`` seconds when given: a
-        counterexample, "unsat", "unknown" (without a cap: the evaluator rejects the
-        solver's points, or the solver stopped), "split" when the cap passed undecided (the
-        solver stopped, or its points were rejected before the cap left time to look
-        further inside; a loaded machine takes the cap sooner), or "timeout" when the
-        deadline came first (the box stays open). A polytope shown empty is closed in
-        ``open_``."""
+        counterexample, "unsat", "unknown" (the evaluator rejects the solver's points, or
+        the solver stopped without a cap), "split" when the time ran out at the cap (the
+        solver stopped, or its point was rejected and no time was left to look further
+        inside: a loaded machine reaches the cap sooner), or "timeout" when the deadline
+        came first (the box stays open). A polytope shown empty is closed in ``open_``."""
         for p in np.flatnonzero(open_):
             seconds = deadline - time.monotonic()
             if seconds <= 0:
@@ -574,7 +578,7 @@ class _BranchAndBound:
                 continue
             if time.monotonic() >= deadline:
                 return "timeout"
-            return "split" if cap is not None else "unknown"
+            return "split" if outcome == "unknown" and cap is not None else "unknown"
         return "unsat"
 
 
