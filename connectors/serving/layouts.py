@@ -14,7 +14,7 @@ under 128). Any other message, or one that differs anywhere else, is parsed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,7 @@ class _Values:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    start: int
+    start: int  # in the message; 0 until the field is placed
     count: int
     dtype: np.dtype
     one_byte: bool  # varints of one byte each: read as uint8, all under 128
@@ -189,26 +189,18 @@ def learn(role: Role, payload: bytes, message: Any, tensors: list[Tensor]) -> La
         placed.append((start, field))
     if not _confirmed(role, payload, message, placed):
         return None
-    placed.sort(key=lambda p: p[0])
-    constant, text, values, at = [], [], [], 0
-    for start, field in placed:
+    # the tensors' values in field order (the tensors' order), each where it was placed
+    values = tuple(replace(f.values, start=start) for start, f in placed if f.values is not None)
+    constant, text, at = [], [], 0
+    for start, field in sorted(placed, key=lambda p: p[0]):
         if start > at:
             constant.append((at, payload[at:start]))
         if field.values is None:
             text.append((start, start + len(field.contents)))
-        else:
-            v = field.values
-            values.append(
-                (
-                    field.index,
-                    _Values(v.name, v.datatype, v.shape, start, v.count, v.dtype, v.one_byte),
-                )
-            )
         at = start + len(field.contents)
     if at < len(payload):
         constant.append((at, payload[at:]))
-    values.sort(key=lambda iv: iv[0])
-    return Layout(tuple(constant), tuple(text), tuple(v for _, v in values))
+    return Layout(tuple(constant), tuple(text), values)
 
 
 def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | None:

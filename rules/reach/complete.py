@@ -338,9 +338,9 @@ class _Search:
         assert x is not None
         found = self.confirmed(case, x[None])
         for margin in MILP_MARGINS:
-            left = deadline - time.monotonic()
             if found is not None:
                 break
+            left = deadline - time.monotonic()
             if left <= 0:
                 return "unknown"
             inside = d - margin * (1.0 + np.abs(d))
