@@ -2,7 +2,11 @@
 instance, at the published timeouts (120 s for 256x2, 300 s for 256x4 and 256x6).
 
     python bench/mnistfc.py [--data ../shared/data/mnistfc] [--networks 256x2] [--eps 0.05]
-                            [--published] [--jobs 1] [--memory-limit 2GiB] [--csv out.csv]
+                            [--published] [--only 256x2:prop_1_0.03,...] [--jobs 1]
+                            [--memory-limit 2GiB] [--csv out.csv]
+
+Each instance gets its share of the cores (``--cores``: all of them with ``--jobs 1``, as
+VNN-COMP runs instances; one each with two jobs on two cores).
 
 Each verdict is compared with ``published_verdicts.csv`` (``?``: no tool decided it), each
 ``sat`` result file is checked on its own against onnxruntime (bench/vnncomp.py), and each
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +47,12 @@ def main() -> int:
     p.add_argument("--networks", help="comma-separated, e.g. 256x2,256x4 (default: all three)")
     p.add_argument("--eps", help="comma-separated, e.g. 0.05 (default: both, 0.03 and 0.05)")
     p.add_argument("--published", action="store_true", help="only instances some 2021 tool decided")
-    p.add_argument("--jobs", type=int, default=1, help="instances run at once")
+    p.add_argument(
+        "--only", help="comma-separated instances, e.g. 256x2:prop_1_0.03 (default: all)"
+    )
+    p.add_argument(
+        "--jobs", type=int, default=1, help="instances run at once, each on its share of the cores"
+    )
     p.add_argument("--memory-limit", default="2GiB", help="passed to each instance")
     p.add_argument("--csv", type=Path, help="write one row per instance")
     args = p.parse_args()
@@ -63,10 +73,17 @@ def main() -> int:
         rows = [r for r in rows if any(r[1].endswith(w) for w in wanted)]
     if args.published:
         rows = [r for r in rows if published.get((r[0], r[1]), "?") != "?"]
+    if args.only:
+        wanted = {
+            (f"mnist-net_{name.split(':')[0]}.onnx", f"{name.split(':')[-1]}.vnnlib")
+            for name in args.only.split(",")
+        }
+        rows = [r for r in rows if (r[0], r[1]) in wanted]
     limit_mb = _megabytes(args.memory_limit)
     compile_project()
-    print(f"{len(rows)} instances, {args.jobs} at a time, --memory-limit {args.memory_limit} "
-          f"(OPENBLAS_NUM_THREADS={threads()})", flush=True)  # fmt: skip
+    cores = max(len(os.sched_getaffinity(0)) // args.jobs, 1)
+    print(f"{len(rows)} instances, {args.jobs} at a time, --cores {cores}, --memory-limit "
+          f"{args.memory_limit} (OPENBLAS_NUM_THREADS={threads()})", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
 
         def one(i: int, row: list[str]) -> dict:
@@ -78,7 +95,7 @@ def main() -> int:
                 "expected": published.get((model, spec), "?"),
             }
             out = Path(tmp) / f"{i}.txt"
-            limit = ("--memory-limit", args.memory_limit)
+            limit = ("--memory-limit", args.memory_limit, "--cores", str(cores))
             record.update(run_instance(args.data / model, args.data / spec, timeout, out, *limit))
             if record["peak_mb"] > limit_mb:
                 record["problem"] += f" peak {record['peak_mb']:.0f} MiB over the limit"

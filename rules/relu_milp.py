@@ -16,6 +16,7 @@ evaluator to confirm, not a proof.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -62,6 +63,37 @@ class VerificationError(RuntimeError):
     """The solver gave no verdict (time limit, numerical failure): never read as robust."""
 
 
+class Stop:
+    """Ends, from another thread, the HiGHS runs of the models that share it: the runs
+    under way at once, and any later one before it starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: list[highspy.Highs] = []
+        self.stopped = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.stopped = True
+            for h in self._running:
+                h.cancelSolve()
+
+    def run(self, h: highspy.Highs) -> None:
+        """``h.run()`` unless stopped; VerificationError when stopped before or during it."""
+        with self._lock:
+            if self.stopped:
+                raise VerificationError("the search stopped the solver")
+            h.HandleUserInterrupt = True
+            self._running.append(h)
+        try:
+            h.run()
+        finally:
+            with self._lock:
+                self._running.remove(h)
+        if h.getModelStatus() == highspy.HighsModelStatus.kInterrupt:
+            raise VerificationError("the search stopped the solver")
+
+
 @dataclass(frozen=True)
 class Layer:
     """Pre-activation bounds [lower, upper] of one hidden layer (or the union's box)."""
@@ -96,10 +128,14 @@ def _widen(value: float, down: bool) -> float:
 class ReluModel:
     """A HiGHS model whose last block of columns is the current layer's activations."""
 
-    def __init__(self, solver: Solver, budget: float | None = None) -> None:
-        """``budget`` (seconds) caps the model's whole life."""
+    def __init__(
+        self, solver: Solver, budget: float | None = None, stop: Stop | None = None
+    ) -> None:
+        """``budget`` (seconds) caps the model's whole life; ``stop`` ends it from another
+        thread."""
         self.h = quiet_highs()
         self.solver = solver
+        self.stop = stop
         self.deadline = None if budget is None else time.perf_counter() + budget
         self.ncols = 0
         self.integers: list[int] = []
@@ -295,7 +331,10 @@ class ReluModel:
                 raise VerificationError("the batch's time budget is spent")
             limit = min(limit, left)
         self.h.setOptionValue("time_limit", limit)
-        self.h.run()
+        if self.stop is None:
+            self.h.run()
+        else:
+            self.stop.run(self.h)
 
     def _minimise(self, cols: np.ndarray, cost: np.ndarray) -> float | None:
         """LP minimum of cost . x[cols]; None when the LP gives no optimum."""

@@ -1,13 +1,16 @@
 """The complete search on networks with many inputs (branch and bound over ReLUs): verdicts
 against the independent MILP oracle, the bounds of sign-assuming branches against sampled
-points, and `vigil verify vnnlib`'s time and memory limits on an image-sized network."""
+points, the MILP on its own thread (its answer, and its stop), and `vigil verify vnnlib`'s
+time and memory limits on an image-sized network."""
 
 from __future__ import annotations
 
 import itertools
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import orjson
@@ -16,12 +19,14 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.milp_oracle import interval_bounds, max_violation
-from vigil.rules.reach import relu_split
+from vigil.rules.reach import complete, relu_split
 from vigil.rules.reach.backward import SplitBounds, pre_activation_bounds, split_bounds
 from vigil.rules.reach.complete import splits_inputs, verify
+from vigil.rules.reach.milp import box_counterexample
 from vigil.rules.reach.network import Network, OnnxRunner
 from vigil.rules.reach.query import Case, Query
 from vigil.rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.relu_milp import Stop
 
 
 def random_network(rng: np.random.Generator, sizes: list[int], gain: float = 1.2) -> Network:
@@ -212,6 +217,15 @@ def test_a_bad_memory_limit_is_refused_by_name(tmp_path, size, capsys):
     assert "--memory-limit" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cores", ["0", "two", "-1"])
+def test_a_bad_core_count_is_refused_by_name(cores, capsys):
+    from vigil.daemon.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["verify", "vnnlib", "m.onnx", "p.vnnlib", "--cores", cores])
+    assert "--cores: expected an integer >= 1" in capsys.readouterr().err
+
+
 def test_the_open_branches_starts_stay_within_their_share_of_memory():
     """Relaxations to start from that would take the open branches past their quarter of
     the budget are dropped from the bottom of the stack (the longest waiting) and kept on
@@ -241,3 +255,208 @@ def test_the_open_branches_starts_stay_within_their_share_of_memory():
     cold = relu_split._pop(search.stack, 100)
     assert cold.start is None and len(cold.signs) == 4 * (5 - sum(kept))
     assert not search.stack
+
+
+def _two_polytope_search() -> relu_split.ReluSplit:
+    """A search over a small network (16 hidden neurons) with two unsafe polytopes of a row
+    each, and nothing bounded yet."""
+    rng = np.random.default_rng(0)
+    net = random_network(rng, [6, 8, 8, 2])
+    c = np.array([[1.0, -1.0], [-1.0, 1.0]])
+    case = Case(np.zeros(6), np.ones(6), ((c[:1], np.array([5.0])), (c[1:], np.array([5.0]))))
+    rows = (c, np.array([5.0, 5.0]), np.eye(2, dtype=bool), np.zeros(2, bool))
+    return relu_split.ReluSplit(net, case, rows, None, {"milp": 0}, memory=1 << 20)  # type: ignore[arg-type]
+
+
+def _answered(outcome: object, still_open: np.ndarray) -> Future:
+    future: Future = Future()
+    future.set_result((outcome, still_open))
+    return future
+
+
+def test_the_milp_s_answer_reaches_exactly_the_branches_below_its_branch():
+    """The MILP decided a branch assuming neuron 0 active and neuron 3 inactive, while the
+    search went on beneath it and beside it. Its answer is given to the branches below it
+    (the ones that make the same assumptions, and more) and to no other: shown empty, they
+    close; one polytope shown empty, they keep the other; the solver stopped at its limit,
+    they go to the MILP again only once markedly smaller. A counterexample ends the search."""
+    decided = np.zeros(16, dtype=np.int8)
+    decided[[0, 3]] = [1, -1]
+    below = np.tile(decided, (3, 1))
+    below[:, 5] = [1, -1, 1]
+    below[2, 9] = -1
+    beside = np.zeros((3, 16), dtype=np.int8)
+    beside[0, 0] = -1  # the other side of neuron 0
+    beside[1, 0] = 1  # neuron 0 assumed, neuron 3 not: above the branch
+    beside[2, [0, 3]] = [1, 1]
+
+    def stacked(search: relu_split.ReluSplit) -> None:
+        parts = [np.vstack([below[:2], beside[:2]]), np.vstack([beside[2:], below[2:]])]
+        search.stack = [
+            relu_split.Branches(
+                signs, np.ones((len(signs), 2), bool), np.full(len(signs), 200), None
+            )
+            for signs in parts
+        ]
+
+    def signs_left(search: relu_split.ReluSplit) -> set[bytes]:
+        return {row.tobytes() for part in search.stack for row in part.signs}
+
+    search = _two_polytope_search()
+    stacked(search)
+    search.pending = relu_split._Pending(
+        decided, 100, _answered("unsat", np.zeros(2, bool)), Stop(), {"milp": 3}
+    )
+    assert search._collect() is None and search.pending is None
+    assert signs_left(search) == {row.tobytes() for row in beside}
+    assert search.stats["milp"] == 3
+
+    search = _two_polytope_search()
+    stacked(search)
+    search.pending = relu_split._Pending(
+        decided, 100, _answered("unknown", np.array([True, False])), Stop(), {"milp": 1}
+    )
+    search._collect()
+    assert search.waiting == 6
+    for part in search.stack:
+        for signs, open_, limit in zip(part.signs, part.open, part.limit, strict=True):
+            is_below = any(np.array_equal(signs, row) for row in below)
+            assert list(open_) == ([True, False] if is_below else [True, True])
+            assert limit == (int(relu_split.MILP_SHRINK * 100) if is_below else 200)
+
+    search = _two_polytope_search()
+    stacked(search)
+    found = (np.zeros(6), np.zeros(2))
+    search.pending = relu_split._Pending(
+        decided, 100, _answered(found, np.ones(2, bool)), Stop(), {"milp": 1}
+    )
+    assert search._collect() is found
+
+
+def test_the_free_milp_takes_the_shallowest_kept_branch_with_open_branches_below():
+    """Branches that qualified for the MILP while it was busy are kept; once it is free it
+    takes the shallowest that still has open branches below it. After a MILP stopped at
+    its limit, the kept branches below that one go only if markedly smaller."""
+    search = _two_polytope_search()
+    search.finisher = relu_split._Inline()
+    taken = []
+
+    def milp(bounds, open_, order, deadline, stop, counts):
+        taken.append(bounds)
+        return "unknown"
+
+    search._milp = milp  # type: ignore[method-assign]
+
+    def kept(assumed: dict[int, int], unstable: int, name: float) -> relu_split._Candidate:
+        signs = np.zeros(16, dtype=np.int8)
+        signs[list(assumed)] = list(assumed.values())
+        bounds = [(np.full((1, 8), name), np.full((1, 8), name))] * 2
+        return relu_split._Candidate(
+            len(assumed), signs, unstable, bounds, np.ones(2, bool), np.arange(2)
+        )
+
+    open_signs = np.zeros((2, 16), dtype=np.int8)
+    open_signs[:, [0, 1, 2]] = [[1, 1, 1], [1, -1, 1]]
+    search.stack = [relu_split.Branches(open_signs, np.ones((2, 2), bool), np.full(2, 250), None)]
+    search.candidates = [
+        kept({0: 1, 1: 1}, 90, 2.0),  # depth 2
+        kept({0: -1}, 100, 1.0),  # depth 1, nothing open below it
+        kept({0: 1}, 100, 3.0),  # depth 1
+        kept({0: 1, 1: -1}, 70, 4.0),
+    ]
+    search._offer(deadline=time.monotonic() + 60)
+    assert taken[-1][0][0][0, 0] == 3.0  # {0: 1}: the shallowest with open branches below
+    assert [c.depth for c in search.candidates] == [2, 2]
+    search._collect()  # "unknown" on a branch of 100: below it, at most 80 now
+    assert [c.unstable for c in search.candidates] == [70]
+    search._offer(deadline=time.monotonic() + 60)
+    assert taken[-1][0][0][0, 0] == 4.0
+
+
+def test_a_search_that_ends_stops_its_milp_and_leaves_no_thread(monkeypatch):
+    """With two cores, the root goes to the MILP's thread and the bounds close every
+    branch meanwhile: the verdict comes from the bounds at once, the MILP is stopped (here
+    one that runs until it is), and no thread of the search outlives the call. With one
+    core, the search runs each MILP on its own thread and waits for it."""
+    rng = np.random.default_rng(3)
+    net = random_network(rng, [40, 24, 24, 2])
+    centre = rng.uniform(0, 1, 40)
+    lo, hi = centre - 0.05, centre + 0.05
+    c = np.array([[1.0, -1.0]])
+    least = -max_violation(net, InputSet(lo, hi), OutputSpec(-c, [0.0]))[0]
+    at_centre = float(net.logits(centre[None])[0] @ c[0])
+    d = least - 0.05 * abs(at_centre - least)  # the root stays open: splits close it
+    query = Query(40, 2, (Case(lo, hi, ((c, np.array([d])),)),))
+    runner = OnnxRunner(net.to_onnx())
+    running = threading.Event()
+
+    def runs_until_stopped(self, case, lo, hi, c, d, seconds, bounds, any_row, stop):
+        running.set()
+        assert stop is not None and threading.current_thread().name.startswith("vigil-milp")
+        while not stop.stopped:
+            time.sleep(0.01)
+        return "unknown"
+
+    monkeypatch.setattr(complete._Search, "milp", runs_until_stopped)
+    started = time.monotonic()
+    verdict = verify(net, query, runner, timeout=60, cores=2)
+    assert verdict.result == "unsat", verdict
+    assert running.is_set() and verdict.stats["splits"] > 0
+    assert time.monotonic() - started < 30
+    assert not [t for t in threading.enumerate() if t.name.startswith("vigil-milp")]
+
+    def on_the_search_s_thread(self, *args, **kwargs):
+        assert threading.current_thread() is threading.main_thread()
+        return "unknown"
+
+    monkeypatch.setattr(complete._Search, "milp", on_the_search_s_thread)
+    verdict = verify(net, query, runner, timeout=60, cores=1)
+    assert verdict.result == "unsat" and verdict.stats["milp"] > 0, verdict
+
+
+def _slow_milp() -> tuple:
+    """A box of an image-sized network and a row its MILP cannot decide in seconds."""
+    rng = np.random.default_rng(7)
+    net = random_network(rng, [784, 256, 256, 10], gain=1.4)
+    centre = rng.uniform(0.1, 0.9, 784)
+    lo, hi = np.clip(centre - 0.05, 0, 1), np.clip(centre + 0.05, 0, 1)
+    c = np.zeros((1, 10))
+    c[0, :2] = [-1.0, 1.0]
+    return net, lo, hi, c, np.array([float(net.logits(centre[None])[0] @ c[0]) - 5.0])
+
+
+def test_a_stop_ends_a_highs_solve_under_way_on_another_thread():
+    """HiGHS on a worker thread, on a MILP far from done, is stopped from this one: it
+    answers "unknown" at once (not at its 60 s limit), and a later solve given the same
+    stop does not start."""
+    net, lo, hi, c, d = _slow_milp()
+    stop = Stop()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(box_counterexample, net, lo, hi, c, d, 60.0, None, False, stop)
+        time.sleep(3.0)
+        assert not future.done()
+        stopped = time.monotonic()
+        stop()
+        assert future.result(timeout=30)[0] == "unknown"
+    assert time.monotonic() - stopped < 5.0
+    started = time.monotonic()
+    assert box_counterexample(net, lo, hi, c, d, 60.0, None, False, stop)[0] == "unknown"
+    assert time.monotonic() - started < 5.0
+
+
+def test_milps_on_two_threads_at_once_answer_as_one_at_a_time():
+    """The search's own MILPs may run while the MILP's thread runs another: HiGHS keeps a
+    scheduler per thread, so the answers on random boxes are those of the same MILPs run
+    one after another."""
+    rng = np.random.default_rng(11)
+    problems = []
+    for _ in range(8):
+        net = random_network(rng, [12, 16, 16, 3])
+        centre = rng.uniform(0, 1, 12)
+        c = rng.normal(size=(1, 3))
+        problems.append((net, centre - 0.1, centre + 0.1, c, np.array([rng.normal()])))
+    alone = [box_counterexample(*p, 30.0)[0] for p in problems]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda p: box_counterexample(*p, 30.0)[0], problems))
+    assert together == alone
+    assert set(alone) == {"found", "infeasible"}

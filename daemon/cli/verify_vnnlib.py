@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import orjson
 
-from vigil.daemon.cli._args import byte_size, out_path
+from vigil.daemon.cli._args import byte_size, out_path, positive_int
 from vigil.rules.graph.importer import data_inputs
 from vigil.rules.reach.complete import Verdict, verify
 from vigil.rules.reach.query import Query, joint_network
@@ -47,6 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the process's resident memory at most, e.g. 256MB or 4GiB (default 2GiB): the "
         "search gets what loading the model left of it",
     )
+    p.add_argument(
+        "--cores",
+        type=positive_int,
+        metavar="N",
+        help="cores the search may use: with 2 or more, the MILP runs beside the bounds "
+        "(default: the CPUs the process may run on; set it to a container's CPU limit)",
+    )
     p.add_argument("--out", type=out_path, metavar="RESULT", help="VNN-COMP result file")
     p.set_defaults(handler=run)
 
@@ -58,6 +65,7 @@ def solve(
     started: float,
     progress: Callable[[dict[str, int]], None] | None = None,
     memory_limit: int = DEFAULT_MEMORY,
+    cores: int | None = None,
 ) -> Verdict:
     """Load and check the model (a file, or a merged model's bytes), then decide the
     query; the time already spent since
@@ -94,6 +102,7 @@ def solve(
             timeout=max(left, 0.0),
             memory=memory_limit - held,
             progress=progress,
+            cores=cores,
         )
     except MemoryError as e:
         raise ValueError(f"--memory-limit {memory_limit >> 20} MiB: {e}") from None
@@ -178,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
             f"the property declares {len(query.networks)} networks: give each its model with "
             "vigil-vnnlib verify QUERY --network NAME=MODEL.onnx ..."
         )
-    verdict = solve(args.model, query, args.timeout, started, _progress, args.memory_limit)
+    verdict = solve(
+        args.model, query, args.timeout, started, _progress, args.memory_limit, args.cores
+    )
     if verdict.result in ("timeout", "unknown"):
         print(
             f"vigil verify vnnlib: {verdict.result} after {verdict.seconds:.1f} s "

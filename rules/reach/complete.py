@@ -18,6 +18,7 @@ up on it, or the evaluator rejected its point).
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from vigil.rules.reach.query import Case, Query, joint_network, reach_query, shu
 from vigil.rules.reach.relu_split import WHOLE_OUTPUT_SPACE, ReluSplit, bytes_per_branch
 from vigil.rules.reach.rounding import rounding_noise
 from vigil.rules.reach.sets import InputSet, OutputSpec
+from vigil.rules.relu_milp import Stop
 
 BATCH = 256
 """Boxes bounded together (one matrix product per layer for all of them)."""
@@ -110,9 +112,10 @@ def verify(
     timeout: float = 60.0,
     memory: int = MEMORY,
     progress: Callable[[dict[str, int]], None] | None = None,
+    cores: int | None = None,
 ) -> Verdict:
     """The query's answer within ``timeout`` seconds, using at most about ``memory`` bytes
-    for the search's arrays."""
+    for the search's arrays and ``cores`` cores (default: those the process may run on)."""
     if query.inputs != network.input_dim or query.outputs != network.output_dim:
         raise ValueError(
             f"the property is over {query.inputs} inputs and {query.outputs} outputs, the "
@@ -148,7 +151,17 @@ def verify(
         ]
     else:
         searches = [
-            ReluSplit(network, case, _rows(case), search, stats, memory, progress, PROGRESS_SECONDS)
+            ReluSplit(
+                network,
+                case,
+                _rows(case),
+                search,
+                stats,
+                memory,
+                progress,
+                PROGRESS_SECONDS,
+                cores=len(os.sched_getaffinity(0)) if cores is None else cores,
+            )
             for case in query.cases
         ]
     for bab in searches:
@@ -321,6 +334,7 @@ class _Search:
         seconds: float,
         bounds: list[tuple[np.ndarray, np.ndarray]] | None = None,
         any_row: bool = False,
+        stop: Stop | None = None,
     ) -> tuple | str:
         """``milp.box_counterexample`` with its point confirmed: a counterexample,
         "infeasible", "unknown" (the solver stopped, or the time ran out before its point
@@ -332,7 +346,7 @@ class _Search:
         turn (infeasible there proves nothing, so it is not reported)."""
         deadline = time.monotonic() + seconds
         net = self.network
-        outcome, x = box_counterexample(net, lo, hi, c, d, seconds, bounds, any_row)
+        outcome, x = box_counterexample(net, lo, hi, c, d, seconds, bounds, any_row, stop)
         if outcome != "found":
             return outcome
         assert x is not None
@@ -344,7 +358,7 @@ class _Search:
             if left <= 0:
                 return "unknown"
             inside = d - margin * (1.0 + np.abs(d))
-            outcome, x = box_counterexample(net, lo, hi, c, inside, left, bounds, any_row)
+            outcome, x = box_counterexample(net, lo, hi, c, inside, left, bounds, any_row, stop)
             if outcome == "unknown":
                 return outcome
             found = self.confirmed(case, x[None]) if x is not None else None

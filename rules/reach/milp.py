@@ -12,7 +12,7 @@ import numpy as np
 
 from vigil.rules.reach.backward import pre_activation_bounds
 from vigil.rules.reach.network import Network
-from vigil.rules.relu_milp import BOUND_SLACK, Layer, ReluModel, Solver, VerificationError
+from vigil.rules.relu_milp import BOUND_SLACK, Layer, ReluModel, Solver, Stop, VerificationError
 
 
 def box_counterexample(
@@ -24,6 +24,7 @@ def box_counterexample(
     seconds: float,
     bounds: list[tuple[np.ndarray, np.ndarray]] | None = None,
     any_row: bool = False,
+    stop: Stop | None = None,
 ) -> tuple[str, np.ndarray | None]:
     """Is there an input in the box whose output meets every row of ``c y <= d`` (with
     ``any_row``, at least one: one MILP that picks the row, MIPVerify's encoding of "some
@@ -33,12 +34,12 @@ def box_counterexample(
     ``bounds``: the box's pre-activation bounds (each (1, width)) when known, as a branch's
     sign assumptions tighten them; every ReLU is exact in the model, so a point found is one
     of the network's (with rounding ``noise``, a candidate the reference evaluator confirms
-    or not)."""
+    or not). ``stop`` ends HiGHS from another thread ("unknown")."""
     if not network.relu_only:
         return "unknown", None  # a sigmoid or tanh has no MILP encoding here
     if bounds is None:
         bounds = pre_activation_bounds(network, lo[None], hi[None])
-    model = ReluModel(Solver(time_limit=seconds), budget=seconds)
+    model = ReluModel(Solver(time_limit=seconds), budget=seconds, stop=stop)
     w, b = network.weights[-1], network.biases[-1]
     noise = None if network.noise is None else network.noise[-1]
     try:
@@ -62,13 +63,14 @@ def lp_bounds(
     hi: np.ndarray,
     bounds: list[tuple[np.ndarray, np.ndarray]],
     seconds: float,
+    stop: Stop | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]] | None:
     """``bounds`` (each (1, width)) with every unstable neuron after the first layer
-    tightened by the LP over the layers before it, or None when ``seconds`` run out first
-    (or the network has a sigmoid or tanh, which the LP does not model)."""
+    tightened by the LP over the layers before it, or None when ``seconds`` run out first,
+    ``stop`` ends it (or the network has a sigmoid or tanh, which the LP does not model)."""
     if not network.relu_only:
         return None
-    model = ReluModel(Solver(time_limit=seconds), budget=seconds)
+    model = ReluModel(Solver(time_limit=seconds), budget=seconds, stop=stop)
     try:
         return _add_hidden(model, network, lo, hi, bounds, tighten=True)
     except VerificationError:
