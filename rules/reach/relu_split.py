@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -38,6 +37,9 @@ from vigil.rules.reach.milp import lp_bounds
 from vigil.rules.reach.network import Network
 from vigil.rules.reach.query import Case, shut
 from vigil.rules.relu_milp import Stop
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 BATCH_SECONDS = 0.5
 """A batch is grown while bounding it takes less than half this and shrunk when it takes
@@ -486,16 +488,18 @@ def _finisher(cores: int) -> ThreadPoolExecutor | _Inline:
     own thread, which then waits for it (on one core the two threads would halve the
     bounds' time: mnistfc 256x4 ``prop_5_0.03`` took 107 s waiting, and timed out at 300 s
     sharing)."""
-    return ThreadPoolExecutor(1, "vigil-milp") if cores > 1 else _Inline()
+    if cores < 2:
+        return _Inline()
+    from concurrent.futures import ThreadPoolExecutor  # not for input bisection's start-up
+
+    return ThreadPoolExecutor(1, "vigil-milp")
 
 
 class _Inline:
     """An executor that runs each call at once on the caller's thread."""
 
-    def submit(self, call: Callable[[], tuple]) -> Future:
-        future: Future = Future()
-        future.set_result(call())
-        return future
+    def submit(self, call: Callable[[], tuple]) -> _Done:
+        return _Done(call())
 
     def __enter__(self) -> _Inline:
         return self
@@ -523,13 +527,26 @@ class _Candidate(NamedTuple):
     order: np.ndarray
 
 
+class _Done:
+    """A call's result, there at once (``_Inline``'s answer, as a finished Future)."""
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> tuple:
+        return self.value
+
+
 class _Pending(NamedTuple):
     """The branch on the MILP's thread: its signs, its unstable neurons, the MILP's
     answer to come, what stops it, and the MILPs it has begun."""
 
     signs: np.ndarray
     unstable: int
-    future: Future
+    future: Future | _Done
     stop: Stop
     counts: dict[str, int]
 
