@@ -9,14 +9,17 @@ Its output rows' slopes and the multipliers of its assumptions (beta-CROWN: each
 enters the rows' bounds as a constraint, not only through the cut) are optimized, starting
 from its parent's. A branch closes when one row of each unsafe polytope is shown
 unreachable, or when its assumptions contradict its bounds. An open one is searched from
-the input its weakest bound points to, then decided by the MILP once its bounds leave few
-neurons unstable, and otherwise split in two on the unstable neuron whose relaxation
-loosens its open bounds most (the intercept score of BaBSR). A split neuron is stable in
-both children, so the tree is finite.
+the input its weakest bound points to, and split in two on the unstable neuron whose
+relaxation loosens its open bounds most (the intercept score of BaBSR). A split neuron is
+stable in both children, so the tree is finite. Once its bounds leave few neurons
+unstable, a branch also goes to the MILP, whose answer holds for every branch below it:
+with two cores on a thread beside the bounds, with one on the search's own thread, which
+waits for it.
 
 Memory: branches are bounded in batches sized to three quarters of the memory budget, and
 an open branch is one sign per hidden neuron and, while the last quarter holds it, the
-relaxation it starts from; nothing grows with branches times inputs times neurons.
+relaxation it starts from; the branches kept for the MILP are at most ``CANDIDATES``;
+nothing grows with branches times inputs times neurons.
 """
 
 from __future__ import annotations
