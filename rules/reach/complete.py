@@ -150,20 +150,9 @@ def verify(
             _BranchAndBound(network, case, search, stats, progress, memory) for case in query.cases
         ]
     else:
-        searches = [
-            ReluSplit(
-                network,
-                case,
-                _rows(case),
-                search,
-                stats,
-                memory,
-                progress,
-                PROGRESS_SECONDS,
-                cores=len(os.sched_getaffinity(0)) if cores is None else cores,
-            )
-            for case in query.cases
-        ]
+        cores = len(os.sched_getaffinity(0)) if cores is None else cores
+        args = (search, stats, memory, progress, PROGRESS_SECONDS, cores)
+        searches = [ReluSplit(network, case, _rows(case), *args) for case in query.cases]
     for bab in searches:
         found = bab.run(deadline)
         if found is not None:

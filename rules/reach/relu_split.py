@@ -203,26 +203,25 @@ class ReluSplit:
             steps = ROOT_SLOPE_STEPS if self.slope_steps else 0
             box = self.case.lower[None], self.case.upper[None]
             self.root = pre_activation_bounds(self.network, *box, slope_steps=steps, until=deadline)
-        try:
-            with _finisher(self.cores) as self.finisher:
-                try:
-                    return self._run(deadline)
-                finally:
-                    if self.pending is not None:
-                        self.pending.stop()
-        finally:
-            if self.pending is not None:  # stopped, and its thread ended with the pool
-                self.stats["milp"] += self.pending.counts["milp"]
-                self.pending = None
-            self.finisher = None
+        with _finisher(self.cores) as self.finisher:
+            try:
+                return self._run(deadline)
+            finally:
+                pending, self.pending, self.finisher = self.pending, None, None
+                if pending is not None:
+                    pending.stop()
+                    pending.future.exception()  # waits for its thread to end
+                    self.stats["milp"] += pending.counts["milp"]
 
     def _run(self, deadline: float) -> tuple | None:
         while self.stack and time.monotonic() < deadline:
             started = time.monotonic()
             found = self._collect()
+            if found is None and self.stack:
+                self._offer(deadline)
+                found = self._collect()  # on one core the MILP has run
             if found is not None or not self.stack:
                 return found
-            self._offer(deadline)
             found = self._step(_pop(self.stack, self.batch), deadline)
             if found is not None:
                 return found
@@ -321,7 +320,6 @@ class ReluSplit:
             packed = self._packed(bound.relaxation, index)
             parents = Branches(signs[index], open_[index], limit[index], packed)
             self._split(parents, bound, index, rows_open[split])
-        self._offer(deadline)
         return None
 
     def _split(
@@ -491,18 +489,20 @@ def _finisher(cores: int) -> ThreadPoolExecutor | _Inline:
     own thread, which then waits for it (on one core the two threads would halve the
     bounds' time: mnistfc 256x4 ``prop_5_0.03`` took 107 s waiting, and timed out at 300 s
     sharing)."""
-    if cores < 2:
-        return _Inline()
     from concurrent.futures import ThreadPoolExecutor  # not for input bisection's start-up
 
-    return ThreadPoolExecutor(1, "vigil-milp")
+    return ThreadPoolExecutor(1, "vigil-milp") if cores > 1 else _Inline()
 
 
 class _Inline:
     """An executor that runs each call at once on the caller's thread."""
 
-    def submit(self, call: Callable[[], tuple]) -> _Done:
-        return _Done(call())
+    def submit(self, call: Callable[[], tuple]) -> Future:
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        future.set_result(call())
+        return future
 
     def __enter__(self) -> _Inline:
         return self
@@ -530,26 +530,13 @@ class _Candidate(NamedTuple):
     order: np.ndarray
 
 
-class _Done:
-    """A call's result, there at once (``_Inline``'s answer, as a finished Future)."""
-
-    def __init__(self, value: tuple) -> None:
-        self.value = value
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> tuple:
-        return self.value
-
-
 class _Pending(NamedTuple):
     """The branch on the MILP's thread: its signs, its unstable neurons, the MILP's
     answer to come, what stops it, and the MILPs it has begun."""
 
     signs: np.ndarray
     unstable: int
-    future: Future | _Done
+    future: Future
     stop: Stop
     counts: dict[str, int]
 
