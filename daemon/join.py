@@ -63,7 +63,10 @@ class Join:
         if timestamp_ms > self.stream_time:
             self.stream_time = timestamp_ms
         waiting = self._waiting
-        expired = self._expire() if waiting else []
+        expired = []
+        cutoff = self.stream_time - self.timeout_ms
+        if waiting and next(iter(waiting.values())).timestamp_ms < cutoff:
+            expired = self._expire()
         arrived = Waiting(inference, record, timestamp_ms)
         role, key = inference.role, inference.join_key
         other: Role = "response" if role == "request" else "request"

@@ -67,7 +67,7 @@ def test_both_key_forms_give_the_request_id_and_pair_by_the_whole_key(key):
     assert request.request_id == response.request_id == XID
     assert request.join_key == response.join_key == key
     assert (request.role, response.role) == ("request", "response")
-    x_rows, y_rows = decision_rows(request.tensors, response.tensors, TensorSelection())
+    x_rows, y_rows = decision_rows(request, response, TensorSelection())
     np.testing.assert_array_equal(x_rows, x)
     assert y_rows.tolist() == [0, 2]
 
@@ -196,7 +196,7 @@ def test_a_response_with_the_wrong_row_count_cannot_be_paired():
         record(OUTPUTS, typed_response([1, 0]).SerializeToString(), b"k.r"), "iris"
     )
     with pytest.raises(BadEvent, match="2 rows for a request of 3"):
-        decision_rows(request.tensors, response.tensors, TensorSelection())
+        decision_rows(request, response, TensorSelection())
 
 
 def test_probability_outputs_are_rows_of_floats():
@@ -207,7 +207,7 @@ def test_probability_outputs_are_rows_of_floats():
     request = seldon.decode(
         record(INPUTS, raw_request(np.ones((2, 1))).SerializeToString(), b"k.r"), "iris"
     )
-    _, y = decision_rows(request.tensors, response.tensors, TensorSelection())
+    _, y = decision_rows(request, response, TensorSelection())
     np.testing.assert_allclose(y, [[0.2, 0.3, 0.5], [1, 0, 0]], rtol=1e-7)
     assert y.dtype == np.float64
 
@@ -292,7 +292,7 @@ def test_kserve_request_and_response_events_pair_by_their_id(mode, request_body,
             structured_event(kserve.RESPONSE_TYPE, response_body, mode == "base64")
         )
     assert request.join_key == response.join_key and request.model == "sklearn-iris"
-    x, y = decision_rows(request.tensors, response.tensors, TensorSelection())
+    x, y = decision_rows(request, response, TensorSelection())
     np.testing.assert_allclose(x, [[6.8, 2.8, 4.8, 1.4], [6.0, 3.4, 4.5, 1.6]], rtol=1e-6)
     assert y.tolist() == [1, 1] and y.dtype == np.int64
 
@@ -386,3 +386,28 @@ def _typed(datatype: str, field: str, values: list[int]):
     tensor = message.inputs.add(name="t", datatype=datatype, shape=[len(values)])
     getattr(tensor.contents, field).extend(values)
     return request_tensors(message)
+
+
+def test_a_side_read_by_layout_pairs_with_one_read_as_tensors():
+    """The join pairs whatever it read: one side's row (a repeated layout) with the other's
+    tensors (its first message, or another layout) gives the rows both tensors give."""
+    from vigil.connectors.serving.layouts import Layouts
+
+    selection = TensorSelection()
+    layouts = Layouts(selection)
+    key = f"0.iris.{XID}".encode()
+    x = np.array([[5.1, 3.5, 1.4, 0.2]])
+    inputs = record(INPUTS, raw_request(x).SerializeToString(), key)
+    outputs = record(OUTPUTS, typed_response([2]).SerializeToString(), key)
+    for source in (inputs, outputs):  # learn both layouts
+        seldon.decode(source, "iris", layouts)
+    by_layout = [seldon.decode(source, "iris", layouts) for source in (inputs, outputs)]
+    parsed = [seldon.decode(source, "iris") for source in (inputs, outputs)]
+    assert [s.row is not None for s in by_layout] == [True, True]
+    assert [s.row for s in parsed] == [None, None]
+    expected = decision_rows(parsed[0], parsed[1], selection)
+    for request, response in ((by_layout[0], parsed[1]), (parsed[0], by_layout[1])):
+        x_rows, y_rows = decision_rows(request, response, selection)
+        np.testing.assert_array_equal(x_rows, expected[0])
+        assert y_rows.tolist() == expected[1].tolist() == [2]
+        assert x_rows.dtype == np.float64 and y_rows.dtype == np.int64

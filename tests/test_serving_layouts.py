@@ -15,6 +15,7 @@ from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.connectors.serving import layouts as layouts_module
 from vigil.connectors.serving.layouts import Layouts, parse
 from vigil.connectors.serving.oip import FIXED
+from vigil.connectors.serving.rows import TensorSelection, input_rows, output_rows
 from vigil.connectors.serving.seldon import decode
 
 from .test_oip_tensors import TYPED_FIELD
@@ -181,3 +182,67 @@ def test_seldon_decode_with_layouts_gives_the_same_inference():
                 (t.name, t.shape, t.data.tolist()) for t in slow.tensors
             ]
     assert len(layouts) == 2
+
+
+def _rows_outcome(role: str, tensors: list, selection: TensorSelection):
+    """The one decision row the tensors give under ``selection`` (as ``Decision`` holds it),
+    or None when they give an error or several rows."""
+    try:
+        if role == "request":
+            rows = input_rows(tensors, selection)
+            return [_nan_named(v) for v in rows[0].tolist()] if len(rows) == 1 else None
+        rows = output_rows(tensors, selection)
+    except BadEvent:
+        return None
+    if len(rows) != 1:
+        return None
+    value = rows[0].tolist()
+    return [_nan_named(v) for v in value] if isinstance(value, list) else value
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream=streams(), chosen=st.sampled_from([None, "t0", "t1", "t9"]))
+def test_a_row_read_by_layout_is_the_row_its_parse_gives(stream, chosen):
+    """As the join reads a message: its row by layout when it has one, else its tensors.
+    Every row read so is the one row the parsed tensors give under the selection."""
+    role, payloads = stream
+    selection = TensorSelection(input_tensor=chosen, output_tensor=chosen)
+    layouts = Layouts(selection)
+    for payload in payloads:
+        row = layouts.row(role, payload)
+        if row is None:
+            outcome(lambda p: layouts.tensors(role, p), payload)  # learns, as decode does
+            continue
+        expected = _rows_outcome(role, parse(role, payload)[1], selection)
+        got = [_nan_named(v) for v in row.tolist()] if role == "request" else row
+        if isinstance(got, list):
+            got = [_nan_named(v) for v in got]
+        assert expected is not None and got == expected
+
+
+def test_one_row_traffic_is_read_as_rows_after_its_first_messages():
+    rng = np.random.default_rng(2)
+    layouts = Layouts(TensorSelection())
+    first = _one_row("5f0c7a1e-0000", rng.random((1, 6)), 1)
+    assert layouts.row("request", first[0]) is None  # not learned yet
+    layouts.tensors("request", first[0])
+    layouts.tensors("response", first[1])
+    x = rng.random((1, 6))
+    request, response = _one_row("9b1d22c4-0001", x, 0)
+    row = layouts.row("request", request)
+    assert row.dtype == np.float64 and row.tolist() == x[0].tolist()
+    assert layouts.row("response", response) == 0
+    assert layouts.row("response", _one_row("9b1d22c4-0002", x, 127)[1]) == 127
+    # a label of 128 takes two bytes: another size, so not this layout's
+    assert layouts.row("response", _one_row("9b1d22c4-0003", x, 128)[1]) is None
+    # a two-row request has another layout, read as tensors
+    two = message("request", "9b1d22c4-0004", [("predict", "FP64", x.repeat(2, 0))], True, {})
+    layouts.tensors("request", two)
+    assert layouts.row("request", two) is None
+
+
+def test_named_features_are_read_as_tensors():
+    layouts = Layouts(TensorSelection(features=("predict",)))
+    request, _ = _one_row("5f0c7a1e-0000", np.ones((1, 6)), 1)
+    layouts.tensors("request", request)
+    assert len(layouts) == 1 and layouts.row("request", request) is None

@@ -29,6 +29,7 @@ from vigil.connectors.serving.oip import (
     request_tensors,
     response_tensors,
 )
+from vigil.connectors.serving.rows import RowReader, TensorSelection, row_reader
 
 KEPT = 64
 """Message sizes whose layouts are kept: a model's traffic has a few."""
@@ -60,7 +61,7 @@ one byte each when every value is under 128."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Values:
+class Values:
     """Where one tensor's values lie in a message of the layout, and how they read."""
 
     name: str
@@ -79,20 +80,26 @@ class Layout:
 
     constant: tuple[tuple[int, bytes], ...]
     text: tuple[tuple[int, int], ...]
-    values: tuple[_Values, ...]
+    values: tuple[Values, ...]
 
-    def read(self, payload: bytes) -> list[Tensor] | None:
-        """The tensors of a message of this layout's size, or None when it is not of it."""
+    def matches(self, payload: bytes) -> bool:
+        """Whether a message of this layout's size is of it (its values aside)."""
         for at, run in self.constant:
             if not payload.startswith(run, at):
-                return None
+                return False
         for start, stop in self.text:
             chunk = payload[start:stop]
             if not chunk.isascii():
                 try:
                     chunk.decode()
                 except UnicodeDecodeError:
-                    return None  # the parse names the error
+                    return False  # the parse names the error
+        return True
+
+    def read(self, payload: bytes) -> list[Tensor] | None:
+        """The tensors of a message of this layout's size, or None when it is not of it."""
+        if not self.matches(payload):
+            return None
         out = []
         for v in self.values:
             if v.one_byte:
@@ -109,14 +116,26 @@ _BYTE = np.dtype(np.uint8)
 
 
 class Layouts:
-    """The layouts of one stream's requests and responses, learned from its messages."""
+    """The layouts of one stream's requests and responses, learned from its messages; with
+    a tensor selection, also how each layout's messages give their decision row."""
 
-    def __init__(self) -> None:
+    def __init__(self, selection: TensorSelection | None = None) -> None:
+        self.selection = selection
         self._known: dict[tuple[Role, int], Layout | None] = {}
         self._parsed: dict[tuple[Role, int], int] = {}  # since the size was first seen
+        self._rows: dict[tuple[Role, int], tuple[Layout, RowReader]] = {}
 
     def __len__(self) -> int:
         return sum(layout is not None for layout in self._known.values())
+
+    def row(self, role: Role, payload: bytes) -> np.ndarray | int | list[float] | None:
+        """The decision row of a message of a known layout whose selected tensor holds one
+        row (``rows.RowReader``), read from its bytes; None when the message is to be read
+        as tensors."""
+        known = self._rows.get((role, len(payload)))
+        if known is None or not known[0].matches(payload):
+            return None
+        return known[1](payload)
 
     def tensors(self, role: Role, payload: bytes) -> list[Tensor]:
         """The tensors of a request's or a response's protobuf bytes; raises protobuf's
@@ -144,7 +163,14 @@ class Layouts:
             parsed = 0
         self._parsed[key] = parsed + 1
         if parsed % RELEARN_EVERY == 0:
-            self._known[key] = learn(key[0], payload, message, tensors)
+            layout = self._known[key] = learn(key[0], payload, message, tensors)
+            reader = None
+            if layout is not None and self.selection is not None:
+                reader = row_reader(layout.values, key[0], self.selection)
+            if reader is None:
+                self._rows.pop(key, None)
+            else:
+                self._rows[key] = (layout, reader)
 
 
 def parse(role: Role, payload: bytes) -> tuple[Any, list[Tensor]]:
@@ -172,7 +198,7 @@ class _Field:
     probe: bytes
     index: int | None  # None: the id
     typed: str | None  # the typed contents' field; None: raw contents (or the id)
-    values: _Values | None
+    values: Values | None
 
 
 def learn(role: Role, payload: bytes, message: Any, tensors: list[Tensor]) -> Layout | None:
@@ -219,7 +245,7 @@ def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | N
         if raw:
             contents = bytes(raw[i])
             probe = bytes(b ^ 0x5A for b in contents)
-            values = _Values(tensor.name, tensor.datatype, tensor.shape, 0, count, dtype, False)
+            values = Values(tensor.name, tensor.datatype, tensor.shape, 0, count, dtype, False)
             out.append(_Field(_prefix(_TAG_RAW[role], contents), contents, probe, i, None, values))
             continue
         kind = _specs(role, message)[i].contents
@@ -236,7 +262,7 @@ def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | N
             floats = np.asarray(getattr(kind, name), dtype)
             contents = floats.tobytes()
             probe = np.where(floats == 1.0, 2.0, 1.0).astype(dtype).tobytes()
-        values = _Values(tensor.name, tensor.datatype, tensor.shape, 0, count, dtype, one_byte)
+        values = Values(tensor.name, tensor.datatype, tensor.shape, 0, count, dtype, one_byte)
         tag = _tag(pb.InferTensorContents, name)
         out.append(_Field(_prefix(tag, contents), contents, probe, i, name, values))
     return out

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from vigil.connectors.events import BadEvent
+from vigil.connectors.serving.message import Inference, Role
 from vigil.connectors.serving.oip import Tensor
+
+if TYPE_CHECKING:
+    from vigil.connectors.serving.layouts import Values
 
 INTEGER_TYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64")
 
@@ -120,12 +125,72 @@ def _one_hot(tensor: Tensor, values: np.ndarray, selection: TensorSelection) -> 
 
 
 def decision_rows(
-    inputs: Sequence[Tensor], outputs: Sequence[Tensor], selection: TensorSelection
+    request: Inference, response: Inference, selection: TensorSelection
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A request's inputs and its response's outputs, row by row: ``n`` decisions."""
-    x, y = input_rows(inputs, selection), output_rows(outputs, selection)
+    """A request's inputs and its response's outputs, row by row: ``n`` decisions (a side's
+    one ``row`` when it was read as one)."""
+    x = input_rows(request.tensors, selection) if request.row is None else np.array([request.row])
+    y = (
+        output_rows(response.tensors, selection)
+        if response.row is None
+        else np.array([response.row])
+    )
     if len(x) != len(y):
         raise BadEvent(
             "schema", f"the response has {len(y)} rows for a request of {len(x)}: cannot pair them"
         )
     return x, y
+
+
+@dataclass(frozen=True, slots=True)
+class RowReader:
+    """One message layout's decision row, read from a message's bytes: the one row
+    ``input_rows`` or ``output_rows`` gives for the selected tensor, when it holds one row
+    of values the layout reads alone (no strings, one tensor)."""
+
+    start: int
+    count: int
+    dtype: np.dtype
+    one_byte: bool  # varints of one byte each: read as uint8, all under 128
+    kind: Literal["input", "label", "probabilities"]
+
+    def __call__(self, payload: bytes) -> np.ndarray | int | list[float] | None:
+        """The input as a float64 vector, the label as an int, the probabilities as a list;
+        None when a value does not fit the layout (a varint of 128 or more)."""
+        if self.one_byte:
+            chunk = payload[self.start : self.start + self.count]
+            if not chunk.isascii():
+                return None
+            if self.kind == "label":
+                return chunk[0]
+            data = np.frombuffer(chunk, np.uint8)
+        else:
+            data = np.frombuffer(payload, self.dtype, self.count, self.start)
+        if self.kind == "input":
+            return data.astype(np.float64, copy=False)  # a view of the message's float64s
+        if self.kind == "label":
+            return int(data.astype(np.int64)[0])
+        return data.astype(np.float64).tolist()
+
+
+def row_reader(
+    values: Sequence[Values], role: Role, selection: TensorSelection
+) -> RowReader | None:
+    """How a layout's messages give their decision row directly, or None when they must be
+    read as tensors (several rows, named features, a tensor the layout lacks, or an output
+    of several labels: the tensors' reading names the problem)."""
+    if selection.features is not None or not values:
+        return None
+    name = selection.input_tensor if role == "request" else selection.output_tensor
+    chosen = values[0] if name is None else next((v for v in values if v.name == name), None)
+    if chosen is None or (chosen.shape[0] if chosen.shape else 1) != 1:
+        return None
+    if role == "request":
+        kind = "input"
+    elif chosen.datatype in INTEGER_TYPES:
+        if chosen.count != 1:
+            return None
+        kind = "label"
+    else:
+        kind = "probabilities"
+    return RowReader(chosen.start, chosen.count, chosen.dtype, chosen.one_byte, kind)

@@ -92,25 +92,35 @@ def join_key(record: Record) -> bytes:
 def decode(record: Record, model: str, layouts: Layouts | None = None) -> Inference:
     """The request or response in ``record`` (which by its topic, unless its
     ``seldon-infer-type`` header says it holds a response), for ``model``; protobuf values
-    are read by the ``layouts`` of the model's traffic when given (the same tensors, with
-    no parse when the message repeats a known layout)."""
+    are read by the ``layouts`` of the model's traffic when given (the same tensors, or
+    the decision row, with no parse when the message repeats a known layout)."""
     key = join_key(record).decode(errors="replace")
     role = role_of(record.topic)
     value = record.value or b""
-    error = record.header(ERROR_HEADER)
-    if error is not None:
-        text = value.decode(errors="replace")
-        return Inference(key, request_id(key), "response", model, [], text or "error")
-    if record.header(TYPE_HEADER) in _RESPONSE_TYPES:
-        role = "response"
-    if value.lstrip()[:1] == b"{":
+    if record.headers:
+        error = record.header(ERROR_HEADER)
+        if error is not None:
+            text = value.decode(errors="replace")
+            return Inference(key, request_id(key), "response", model, [], text or "error")
+        if record.header(TYPE_HEADER) in _RESPONSE_TYPES:
+            role = "response"
+    if value[:1] == b"{" or (value[:1].isspace() and value.lstrip()[:1] == b"{"):
         return Inference(key, request_id(key), role, model, _json_tensors(value, role))
     payload = unframe(value)
+    if layouts is None:
+        return Inference(key, request_id(key), role, model, _parsed(role, payload))
+    row = layouts.row(role, payload)
+    if row is not None:
+        return Inference(key, request_id(key), role, model, [], None, row)
+    return Inference(key, request_id(key), role, model, _parsed(role, payload, layouts))
+
+
+def _parsed(role: Role, payload: bytes, layouts: Layouts | None = None) -> list:
+    """A protobuf request's or response's tensors."""
     try:
-        tensors = layouts.tensors(role, payload) if layouts is not None else parse(role, payload)[1]
+        return layouts.tensors(role, payload) if layouts is not None else parse(role, payload)[1]
     except DecodeError as e:
         raise BadEvent("undecodable", f"not an OIP {role} (protobuf): {e}") from e
-    return Inference(key, request_id(key), role, model, tensors)
 
 
 def _json_tensors(value: bytes, role: Role) -> list:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 
+import numpy as np
+
 from vigil.connectors.base import OutMessage, TopicPartition
 from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, encode, now_iso
 from vigil.connectors.serving import kserve, seldon
@@ -172,7 +174,7 @@ class ServingJoin(Rule):
         )
         self.timeout_ms = int(config.join_timeout_seconds * 1000)
         self.joins: dict[TopicPartition, Join] = {}
-        self.layouts = Layouts()  # of the model's protobuf messages
+        self.layouts = Layouts(self.selection)  # of the model's protobuf messages
         self._continued: set[TopicPartition] = set()  # the last snapshot held checker state
 
     def wants_decisions(self, topic: str) -> bool:
@@ -234,35 +236,41 @@ class ServingJoin(Rule):
         self, record: Record, request: Waiting, response: Waiting, result: RuleResult, live: bool
     ) -> None:
         """The pair's rows as decisions answered by ``record``, or (live) a dead letter."""
-        problem = None
-        if response.inference.error is not None:
-            error = f"the serving stack answered with an error: {response.inference.error}"
-            problem = ("failed", error)
+        asked, answered = request.inference, response.inference
+        model = self.config.model
+        assert model is not None
+        ident = asked.request_id
+        event = {"id": ident, "model": model}
+        if asked.row is not None and answered.row is not None:  # one row each, by layout
+            x_row, y_row = asked.row, answered.row
         else:
             try:
-                x, y = decision_rows(
-                    request.inference.tensors, response.inference.tensors, self.selection
-                )
+                x, y = self._rows(asked, answered)
             except BadEvent as e:
-                problem = (e.reason, str(e))
-            except UNREADABLE as e:
-                problem = ("schema", f"cannot pair the rows: {e!r}")
-        if problem is not None:
-            if live:
-                result.events.append(self._dead(record, request.record, *problem))
-            return
-        ident, model = request.inference.request_id, self.config.model
-        assert model is not None
-        event = {"id": ident, "model": model}
-        if len(x) == 1:  # one-row requests, the usual online case
-            result.decisions.append(
-                Decision(record, f"{ident}/0", model, x[0], y[0].tolist(), event)
-            )
-            return
-        names = [f"{ident}/{row}" for row in range(len(x))]
-        result.decisions += map(
-            Decision, repeat(record), names, repeat(model), x, y.tolist(), repeat(event)
-        )
+                if live:
+                    result.events.append(self._dead(record, request.record, e.reason, str(e)))
+                return
+            if len(x) != 1:
+                names = [f"{ident}/{row}" for row in range(len(x))]
+                result.decisions += map(
+                    Decision, repeat(record), names, repeat(model), x, y.tolist(), repeat(event)
+                )
+                return
+            x_row, y_row = x[0], y[0].tolist()
+        result.decisions.append(Decision(record, f"{ident}/0", model, x_row, y_row, event))
+
+    def _rows(self, request: Inference, response: Inference) -> tuple[np.ndarray, np.ndarray]:
+        """The pair's rows; raises ``BadEvent`` for a failed inference or rows that do not
+        pair."""
+        if response.error is not None:
+            error = f"the serving stack answered with an error: {response.error}"
+            raise BadEvent("failed", error)
+        try:
+            return decision_rows(request, response, self.selection)
+        except BadEvent:
+            raise
+        except UNREADABLE as e:
+            raise BadEvent("schema", f"cannot pair the rows: {e!r}") from e
 
     def _unmatched(self, record: Record, expired: Expired) -> Answer:
         side = expired.waiting.inference.role
