@@ -63,7 +63,7 @@ class Join:
         if timestamp_ms > self.stream_time:
             self.stream_time = timestamp_ms
         waiting = self._waiting
-        expired = []
+        expired: list[Expired] = []
         cutoff = self.stream_time - self.timeout_ms
         if waiting and next(iter(waiting.values())).timestamp_ms < cutoff:
             expired = self._expire()

@@ -20,9 +20,8 @@ class Inference:
     inference failed (then there are no tensors). ``row``, when set, is the one decision
     row read from the message's bytes by its layout, as ``Decision`` holds it: the input
     as a float64 vector, the output as an int label or a list of probabilities (then
-    ``tensors`` is empty). Built
-    once per record and never modified; not frozen, as ``Record`` is not (a frozen one
-    takes longer to build)."""
+    ``tensors`` is empty). Built once per record and never modified; not frozen, as
+    ``Record`` is not (a frozen one takes longer to build)."""
 
     join_key: str
     request_id: str
