@@ -1,6 +1,6 @@
 """The serving join's own cost per request-response pair, without a broker: one-row Seldon
-Core 2 traffic packed into join-topic records as the forward stage packs them, paired and
-checked by a fresh i.o.r. rule's join stage in this process.
+Core 2 traffic packed into join-topic records by the rule's forward stage, then paired and
+checked by a fresh join stage in this process.
 
     python bench/serving_join.py [--n 20000] [--repeats 5] [--headers]
 
@@ -26,63 +26,62 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.test_serving_kafka import request_bytes, response_bytes
 from vigil.connectors.events import Record
 from vigil.daemon.adapters.base import RuleContext
-from vigil.daemon.adapters.serving import ServingJoin, serving_rules
+from vigil.daemon.adapters.serving import ServingForward, ServingJoin, serving_rules
 from vigil.daemon.config import parse_config
-from vigil.daemon.forwarded import PACK_BYTES, PACK_HEADER, frame
 from vigil.daemon.metrics import Metrics
 
-JOIN = ("g.r.join", 0)
+PREFIX = "seldon.t.model.compas"  # the model's inputs and outputs topics, less the suffix
 
 
-def packed(n: int, headers: bool) -> list[Record]:
-    """``n`` one-row requests, each followed by its response, as join-topic records."""
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 6, size=(n, 30)) / 6
-    y = rng.integers(0, 2, size=n)
-    values, frames, size = [], [], 0
-    for i in range(n):
-        key = f"0.compas.r{i}".encode()
-        extra = (("pipeline", b"compas"), ("x-request-id", f"r{i}".encode())) if headers else ()
-        for offset, (topic, value) in enumerate(
-            (("inputs", request_bytes(x[i : i + 1])), ("outputs", response_bytes(y[i : i + 1])))
-        ):
-            name = f"seldon.t.model.compas.{topic}"
-            record = Record(name, 0, 2 * i + offset, value, key, extra, 1000 + 2 * i + offset)
-            data = frame(record, name.encode())
-            if frames and size + len(data) > PACK_BYTES:
-                values.append(b"".join(frames))
-                frames, size = [], 0
-            frames.append(data)
-            size += len(data)
-    values.append(b"".join(frames))
-    header = ((PACK_HEADER, b"1"),)
-    return [Record(JOIN[0], 0, i, v, b"compas", header) for i, v in enumerate(values)]
-
-
-def join_stage() -> ServingJoin:
+def stages() -> tuple[ServingForward, ServingJoin]:
+    """The two stages of a fresh one-row Seldon i.o.r. rule."""
     config = parse_config(
         {
             "kafka": {"bootstrap_servers": "127.0.0.1:9092", "group_id": "g"},
             "rules": [
-                {"name": "r", "kind": "ior", "format": "seldon", "model": "compas"}
-                | {"eps": 0.04, "metric": "linf"}
+                {"name": "r", "kind": "ior", "format": "seldon", "seldon_namespace": "t"}
+                | {"model": "compas", "eps": 0.04, "metric": "linf"}
             ],
         }
     )
     context = RuleContext(Metrics(), None, lambda *a: None, dead_letter_topic="dead")
-    rules = serving_rules(config.rules[0], config.seldon, "g", context)
-    return next(r for r in rules if isinstance(r, ServingJoin))
+    forward, join = serving_rules(config.rules[0], config.seldon, "g", context)
+    assert isinstance(forward, ServingForward) and isinstance(join, ServingJoin)
+    return forward, join
+
+
+def packed(n: int, headers: bool) -> list[Record]:
+    """``n`` one-row requests and their responses as the forward stage writes them to the
+    join topic (each response 1 ms after its request)."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 6, size=(n, 30)) / 6
+    y = rng.integers(0, 2, size=n)
+    sides = {"inputs": [], "outputs": []}
+    for i in range(n):
+        key = f"0.compas.r{i}".encode()
+        extra = (("pipeline", b"compas"), ("x-request-id", f"r{i}".encode())) if headers else ()
+        for offset, (side, value) in enumerate(
+            (("inputs", request_bytes(x[i : i + 1])), ("outputs", response_bytes(y[i : i + 1])))
+        ):
+            record = Record(f"{PREFIX}.{side}", 0, i, value, key, extra, 1000 + 2 * i + offset)
+            sides[side].append(record)
+    forward, _ = stages()
+    for side, records in sides.items():
+        asyncio.run(forward.handle((f"{PREFIX}.{side}", 0), records, 0))
+    messages = [answer.message for answer in forward.release(lambda tp: False).events]
+    return [Record(m.topic, 0, i, m.value, m.key, m.headers) for i, m in enumerate(messages)]
 
 
 async def once(records: list[Record]) -> tuple[float, float, int]:
     """CPU seconds of the join and of the check over the records, and the pairs made."""
-    join = join_stage()
+    _, join = stages()
+    tp = (records[0].topic, 0)
     started = time.process_time()
-    batches = [(await join.handle(JOIN, [record], 0)).decisions for record in records]
+    batches = [(await join.handle(tp, [record], 0)).decisions for record in records]
     joined = time.process_time()
     for decisions in batches:
         for at in range(0, len(decisions), 1000):
-            await join.check(JOIN, decisions[at : at + 1000], 0)
+            await join.check(tp, decisions[at : at + 1000], 0)
     return joined - started, time.process_time() - joined, sum(map(len, batches))
 
 

@@ -66,7 +66,7 @@ class Join:
         expired: list[Expired] = []
         cutoff = self.stream_time - self.timeout_ms
         if waiting and next(iter(waiting.values())).timestamp_ms < cutoff:
-            expired = self._expire()
+            expired = self._expire(cutoff)
         arrived = Waiting(inference, record, timestamp_ms)
         role, key = inference.role, inference.join_key
         other: Role = "response" if role == "request" else "request"
@@ -80,10 +80,9 @@ class Join:
         waiting[(key, role)] = arrived
         return None, expired
 
-    def _expire(self) -> list[Expired]:
-        """Oldest arrivals first, up to the first that is still in time (timestamps come
-        nearly in order; one behind a younger arrival waits for it)."""
-        cutoff = self.stream_time - self.timeout_ms
+    def _expire(self, cutoff: int) -> list[Expired]:
+        """Oldest arrivals first, up to the first still in time, at ``cutoff`` or later
+        (timestamps come nearly in order; one behind a younger arrival waits for it)."""
         waiting = self._waiting
         out = []
         while waiting:
