@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vigil.rules.reach.backward import relu_relaxation
+from vigil.rules.reach.backward import relu_relaxation, times
 from vigil.rules.reach.network import Network
 
 METHODS = ("symbolic", "interval")
@@ -102,8 +102,8 @@ def reach(
     for i in range(start, last + 1):
         w, b = network.weights[i], network.biases[i]
         wp, wn = np.maximum(w, 0.0).T, np.minimum(w, 0.0).T
-        low = _apply(state.low, wp) + _apply(state.up, wn)
-        up = _apply(state.up, wp) + _apply(state.low, wn)
+        low = times(state.low, wp) + times(state.up, wn)
+        up = times(state.up, wp) + times(state.low, wn)
         low[:, -1, :] += b
         up[:, -1, :] += b
         error = _no_error(lo.shape[0])
@@ -111,7 +111,7 @@ def reach(
             # (W + E) h with |E| <= R: for h >= 0 (after a ReLU), |E h| <= R h <= R up(h)
             r_w, r_b = radius[i]
             if i > 0:
-                error = _apply(state.up, r_w.T)
+                error = times(state.up, r_w.T)
             else:
                 error = np.zeros_like(up)
                 error[:, -1, :] = np.maximum(np.abs(state.lo), np.abs(state.hi)) @ r_w.T
@@ -124,7 +124,7 @@ def reach(
         ranges = (*bounds(low, centre, half), *bounds(up, centre, half))
         state = _relu(low, up, ranges, method)
     cp, cn = np.maximum(C, 0.0).T, np.minimum(C, 0.0).T
-    rows = _apply(up, cp) + _apply(low, cn)  # (B, d+1, k): upper equations of every spec row
+    rows = times(up, cp) + times(low, cn)  # (B, d+1, k): upper equations of every spec row
     _, upper = bounds(rows, centre, half)
     gradient = np.abs(rows[:, :-1, :]).sum(axis=2) * (hi - lo)
     if method == "symbolic":
@@ -170,7 +170,7 @@ def _back_substitute(
         const += lam @ network.biases[i]
         if state.error.size:
             errors += state.error @ np.abs(lam).transpose(0, 2, 1)
-        lam = _times(lam, network.weights[i])
+        lam = times(lam, network.weights[i])
         if i == 0:
             break
         chord, floor, shift = relu_relaxation(state.pre_lo, state.pre_hi)
@@ -182,18 +182,6 @@ def _back_substitute(
     eq += errors
     _, upper = bounds(eq, centre, half)
     return upper + const, centre_upper + const, eq
-
-
-def _times(lam: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """lam (B, k, n) @ matrix (n, m) as one 2-d product."""
-    batch, rows, _ = lam.shape
-    return (lam.reshape(batch * rows, -1) @ matrix).reshape(batch, rows, -1)
-
-
-def _apply(eq: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """eq (B, d+1, n) @ matrix (n, m) as one 2-d product."""
-    batch, rows, _ = eq.shape
-    return (eq.reshape(batch * rows, -1) @ matrix).reshape(batch, rows, -1)
 
 
 def _relu(
