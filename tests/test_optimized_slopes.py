@@ -15,7 +15,6 @@ from vigil.rules.reach.backward import (
     Relaxation,
     _slope_gradient,
     _substitute,
-    child_bounds,
     optimized_slopes,
     pre_activation_bounds,
     split_bounds,
@@ -118,43 +117,6 @@ def test_branches_within_optimized_root_bounds_hold_every_sampled_point(seed, de
     plain = split_bounds(net, *boxes, signs, C, root)
     assert np.all(bound.upper <= plain.upper + 1e-5 * (1 + np.abs(plain.upper)))
     assert_branches_hold(net, signs, bound, C, lo + (hi - lo) * rng.random((20_000, 4)))
-
-
-@settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), depth=st.integers(1, 3))
-def test_the_candidates_children_estimates_hold_at_the_children_s_points(seed, depth):
-    """The estimated bounds of the two children of each candidate neuron (``child_bounds``,
-    what filtered smart branching ranks the candidates by) hold at every sampled point of
-    the branch whose pre-activation of that neuron has the child's sign, up to float32's
-    rounding. A free neuron and a neuron the branch already assumes are both candidates.
-    (They need not be below the parent's bound: the active child's identity holds only
-    where the neuron's input is positive, and the input box holds more.)"""
-    rng, net, lo, hi = _problem(seed, depth)
-    branches, candidates = 4, 3
-    signs = [
-        rng.choice([-1, 0, 0, 1], size=(branches, w)).astype(np.int8) for w in net.hidden_sizes
-    ]
-    root = pre_activation_bounds(net, lo[None], hi[None], slope_steps=5)
-    C = rng.normal(size=(2, 3))
-    boxes = np.tile(lo, (branches, 1)), np.tile(hi, (branches, 1))
-    bound = split_bounds(net, *boxes, signs, C, root, slope_steps=5)
-    neurons = rng.integers(0, sum(net.hidden_sizes), size=(branches, candidates))
-    estimates = child_bounds(net, *boxes, bound.pre, C, signs, bound.relaxation, neurons)
-    assert estimates.shape == (branches, candidates, 2, 2)
-    x = lo + (hi - lo) * rng.random((20_000, 4))
-    z = np.hstack(net.pre_activations(x))
-    y = net.logits(x) @ C.T
-    flat_signs = np.hstack(signs)
-    agrees = (flat_signs[:, None, :] == 0) | (np.sign(z)[None] * flat_signs[:, None, :] >= 0)
-    meets = agrees.all(axis=2)
-    for b in range(branches):
-        if bound.empty[b]:
-            continue
-        scale = 1e-4 * (1 + np.abs(bound.upper[b]))
-        for c, neuron in enumerate(neurons[b]):
-            for side, inside in enumerate((z[:, neuron] <= 0, z[:, neuron] >= 0)):
-                points = meets[b] & inside
-                assert np.all(y[points] <= estimates[b, c, side] + scale)
 
 
 def test_bounds_within_never_empty_a_branch_on_their_own():

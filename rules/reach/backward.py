@@ -186,59 +186,6 @@ def split_bounds(
     return SplitBounds(upper, lam, pre, intercepts, empty)
 
 
-def child_bounds(
-    network: Network,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    pre: list[tuple[np.ndarray, np.ndarray]],
-    C: np.ndarray,
-    signs: list[np.ndarray],
-    relaxation: Relaxation | None,
-    neurons: np.ndarray,
-) -> np.ndarray:
-    """Estimates (n, K, 2, k) of the upper bounds of C f(x) in the two children, inactive
-    then active, of each of n ReLU branches for each of its K candidate ``neurons`` (n, K),
-    numbered across the hidden layers: the branch's bounds ``pre`` with only that neuron's
-    cut at 0, and its ``relaxation`` (None: CROWN's slopes). The later layers' bounds are
-    not recomputed, and the sums are float32, so these only rank the candidates (the
-    filtered smart branching of beta-CROWN)."""
-    n, K = neurons.shape
-    if not n or not K:
-        return np.zeros((n, K, 2, C.shape[0]))
-    copies = 2 * K
-    widths = [low.shape[1] for low, _ in pre]
-    starts = np.cumsum([0, *widths])
-    flat = neurons.ravel()
-    layer = np.searchsorted(starts, flat, side="right") - 1
-    inactive = np.arange(n * K) * 2  # child (b, c, side) at row (b K + c) 2 + side
-    child_pre = []
-    for k, (low, high) in enumerate(pre):
-        low = np.repeat(low.astype(np.float32), copies, axis=0)
-        high = np.repeat(high.astype(np.float32), copies, axis=0)
-        here = layer == k
-        at = flat[here] - starts[k]
-        high[inactive[here], at] = np.minimum(high[inactive[here], at], 0.0)
-        low[inactive[here] + 1, at] = np.maximum(low[inactive[here] + 1, at], 0.0)
-        child_pre.append((low, high))
-    slopes = cuts = None
-    if relaxation is not None:
-        slopes = [np.repeat(a.astype(np.float32), copies, axis=0) for a in relaxation.slopes]
-        if relaxation.multipliers is not None:
-            cuts = [
-                np.repeat((beta * s[:, None, :]).astype(np.float32), copies, axis=0)
-                for beta, s in zip(relaxation.multipliers, signs, strict=True)
-            ]
-    weights, biases, rows = _single((network.weights, network.biases, C))
-    centre = np.repeat((lo + hi) / 2, copies, axis=0).astype(np.float32)
-    radius = np.repeat((hi - lo) / 2, copies, axis=0).astype(np.float32)
-    noise = None if network.noise is None else _single(network.noise)
-    upper, _ = _substitute(
-        weights, biases, child_pre, rows, centre, radius, None, noise, None, False, slopes,
-        cuts=cuts,
-    )  # fmt: skip
-    return upper.reshape(n, K, 2, -1)
-
-
 SLOPE_RATE, CUT_RATE = 0.1, 0.05
 """Adam's step sizes on the lower slopes (alpha-CROWN's) and on the split constraints'
 multipliers (beta-CROWN's)."""

@@ -33,7 +33,6 @@ import numpy as np
 from vigil.rules.reach.backward import (
     Relaxation,
     SplitBounds,
-    child_bounds,
     pre_activation_bounds,
     split_bounds,
 )
@@ -73,11 +72,6 @@ None where the root's optimization would take more than half the memory
 unstable neurons from 218 to 164 and its rows' bounds from 1.2-1.8 above their thresholds
 to 0.55-0.97. On 256x2 ``prop_3_0.03`` (published unsat) a branch's 20 steps decided it in
 80 s, 10 in 100 s; it timed out at 120 s without the multipliers."""
-FSB_CANDIDATES = 8
-"""Neurons, of the best intercept scores, whose two children are estimated before a branch
-is split (``_filtered``). On mnistfc 256x2 (one core, the MILP waited for): ``prop_3_0.03``
-closes in 743 branches, not 955; after 60 s of ``prop_1_0.03`` the open branches stand for
-0.09 of the tree's leaves, not 0.29 (4 candidates: 761 and 0.12)."""
 ATTACK_EVERY = 20
 """Batches between two rounds of fresh random restarts of the counterexample search."""
 STEPS = 6
@@ -114,17 +108,13 @@ def bytes_per_branch(network: Network, rows: int) -> int:
     a layer (at most two rows each) through the widest layer and the input, a few arrays at
     once; the output rows' coefficients and intercepts; and their relaxation's optimization:
     for the slopes and for the sign assumptions' multipliers each, the variables, the best
-    ones, Adam's two moments, the gradient and a few more of their size; and estimating the
-    children of its split's candidates."""
+    ones, Adam's two moments, the gradient and a few more of their size."""
     widths = network.hidden_sizes
     widest = max([network.input_dim, *widths])
     inner = 2 * max(widths, default=0) * widest
     outer = rows * (widest + sum(widths))
     slopes = 16 * rows * sum(widths)
-    # the candidates' children (``_filtered``), two per candidate in float32: their bounds,
-    # relaxation and the arrays of one back-substitution
-    children = FSB_CANDIDATES * (2 * sum(widths) + 2 * rows * sum(widths) + 4 * rows * widest)
-    return 8 * (4 * inner + 2 * outer + slopes + 4 * sum(widths) + children)
+    return 8 * (4 * inner + 2 * outer + slopes + 4 * sum(widths))
 
 
 def root_slope_bytes(network: Network) -> int:
@@ -348,8 +338,7 @@ class ReluSplit:
             widths.append(np.where(unstable, high - low, 0.0))
         score = np.hstack(scores)
         width = np.hstack(widths)
-        score = score + 1e-9 * width / (1.0 + width.max(axis=1, keepdims=True))
-        neuron = self._filtered(score, bound, index, parents)
+        neuron = np.argmax(score + 1e-9 * width / (1.0 + width.max(axis=1, keepdims=True)), axis=1)
         signs = parents.signs
         rows = np.arange(len(signs))
         active, inactive = signs.copy(), signs.copy()
@@ -361,37 +350,6 @@ class ReluSplit:
         twice = np.repeat(parents.open, 2, axis=0), np.repeat(parents.limit, 2)
         self.stack.append(Branches(children, *twice, start))
         self._forget_starts()
-
-    def _filtered(
-        self, score: np.ndarray, bound: SplitBounds, index: np.ndarray, parents: Branches
-    ) -> np.ndarray:
-        """Each branch's neuron to split: of the ``FSB_CANDIDATES`` with the best intercept
-        scores, the one whose two children are estimated nearest to closing (the filtered
-        smart branching of beta-CROWN): each open polytope's least slack (its rows' upper
-        bounds above their thresholds), where positive, summed over both children."""
-        count = min(FSB_CANDIDATES, score.shape[1]) if self.network.relu_only else 0
-        if count < 2:
-            return np.argmax(score, axis=1)
-        top = np.argsort(-score, axis=1, kind="stable")[:, :count]  # best intercept first
-        relaxation = None
-        if bound.relaxation is not None:
-            slopes, multipliers = bound.relaxation
-            relaxation = Relaxation(
-                [a[index] for a in slopes],
-                None if multipliers is None else [a[index] for a in multipliers],
-            )
-        signs = [parents.signs[:, a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:], strict=True)]
-        box = np.broadcast_to(self.case.lower, (len(index), self.case.lower.size))
-        upper = child_bounds(
-            self.network, box, np.broadcast_to(self.case.upper, box.shape),
-            [(low[index], high[index]) for low, high in bound.pre], -self.C, signs,
-            relaxation, top,
-        )  # fmt: skip
-        slack = upper + self.d  # a row is open while >= 0
-        polytope = np.stack([slack[..., rows].min(axis=-1) for rows in self.member], axis=-1)
-        gap = (np.maximum(polytope, 0.0) * parents.open[:, None, None, :]).sum(axis=(2, 3))
-        gap[~np.isfinite(np.take_along_axis(score, top, axis=1))] = np.inf  # not unstable
-        return top[np.arange(len(top)), np.argmin(gap, axis=1)]
 
     def _packed(self, relaxation: Relaxation | None, index: np.ndarray) -> np.ndarray | None:
         """The relaxation of the batch's branches ``index`` as one array (n, 2, k, neurons)
