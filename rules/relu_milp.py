@@ -355,10 +355,15 @@ class ReluModel:
         return bound if np.isfinite(bound) else None
 
     def tighten(
-        self, w: np.ndarray, b: np.ndarray, pre: Layer, noise: np.ndarray | None = None
+        self,
+        w: np.ndarray,
+        b: np.ndarray,
+        pre: Layer,
+        noise: np.ndarray | None = None,
+        which: np.ndarray | list[int] | None = None,
     ) -> Layer:
         """Tighten the unstable neurons of the next layer (W a + b, within ``noise``) over
-        the current model."""
+        the current model; with ``which``, only those of them."""
         wa, off = self.affine(w, b)
         e = np.zeros(len(b)) if noise is None else noise
         lower, upper = pre.lower.copy(), pre.upper.copy()
@@ -366,7 +371,8 @@ class ReluModel:
         minimise = self._floor if exact else self._minimise
         if exact:
             self._set_integral(True)
-        for j in np.flatnonzero(pre.unstable):
+        unstable = np.flatnonzero(pre.unstable)
+        for j in unstable if which is None else np.intersect1d(unstable, which):
             lo = minimise(self.current, wa[j])
             if lo is not None:
                 lower[j] = max(lower[j], _widen(lo + off[j] - e[j], down=True))

@@ -1,7 +1,8 @@
 """The complete search on networks with many inputs (branch and bound over ReLUs): verdicts
 against the independent MILP oracle, the bounds of sign-assuming branches against sampled
-points, the MILP on its own thread (its answer, and its stop), and `vigil verify vnnlib`'s
-time and memory limits on an image-sized network."""
+points, the MILP-tightened bounds of the whole box against the oracle's exact ones, the MILP
+on its own thread (its answer, and its stop), and `vigil verify vnnlib`'s time and memory
+limits on an image-sized network."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.milp_oracle import interval_bounds, max_violation
 from vigil.rules.reach import complete, relu_split
 from vigil.rules.reach.backward import SplitBounds, pre_activation_bounds, split_bounds
 from vigil.rules.reach.complete import splits_inputs, verify
-from vigil.rules.reach.milp import box_counterexample
+from vigil.rules.reach.milp import box_counterexample, milp_bounds
 from vigil.rules.reach.network import Network, OnnxRunner
 from vigil.rules.reach.query import Case, Query
 from vigil.rules.reach.sets import InputSet, OutputSpec
@@ -460,3 +461,79 @@ def test_milps_on_two_threads_at_once_answer_as_one_at_a_time():
         together = list(pool.map(lambda p: box_counterexample(*p, 30.0)[0], problems))
     assert together == alone
     assert set(alone) == {"found", "infeasible"}
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 2]))
+def test_milp_tightened_bounds_are_the_exact_ones(seed, workers):
+    """With time enough for every MILP, each neuron unstable in the given bounds (after the
+    first layer) gets the exact least pre-activation over the box, and its exact greatest
+    unless the least is already >= 0; no bound ever moves outside the given ones or inside
+    the exact range (the oracle: the same network cut after that layer, maximised by an
+    independent MILP)."""
+    rng = np.random.default_rng(seed)
+    net = random_network(rng, [6, 8, 8, 8, 2], gain=1.5)
+    centre = rng.uniform(-1, 1, 6)
+    lo, hi = centre - 0.3, centre + 0.3
+    given_bounds = pre_activation_bounds(net, lo[None], hi[None])
+    tightened, count = milp_bounds(net, lo, hi, given_bounds, 10.0, time.monotonic() + 60, workers)
+    assert count == sum(int(((low < 0) & (high > 0)).sum()) for low, high in given_bounds[1:])
+    for k, ((low, high), (new_low, new_high)) in enumerate(
+        zip(given_bounds, tightened, strict=True)
+    ):
+        cut = Network.from_arrays(list(zip(net.weights[: k + 1], net.biases[: k + 1], strict=True)))
+        for j in range(low.shape[1]):
+            row = np.eye(low.shape[1])[j : j + 1]
+            most = max_violation(cut, InputSet(lo, hi), OutputSpec(row, [0.0]))[0]
+            least = -max_violation(cut, InputSet(lo, hi), OutputSpec(-row, [0.0]))[0]
+            tol = 1e-5 * (1 + abs(most) + abs(least))
+            assert low[0, j] - tol <= new_low[0, j] <= least + tol
+            assert most - tol <= new_high[0, j] <= high[0, j] + tol
+            if k and low[0, j] < 0 < high[0, j]:
+                assert new_low[0, j] == pytest.approx(least, abs=1e-3 * (1 + abs(least)))
+                if least < 0:
+                    assert new_high[0, j] == pytest.approx(most, abs=1e-3 * (1 + abs(most)))
+
+
+def test_milp_tightening_past_its_time_keeps_the_bounds_it_was_given():
+    rng = np.random.default_rng(3)
+    net = random_network(rng, [6, 8, 8, 2], gain=1.5)
+    lo, hi = np.zeros(6), np.ones(6)
+    given_bounds = pre_activation_bounds(net, lo[None], hi[None])
+    tightened, count = milp_bounds(net, lo, hi, given_bounds, 1.0, time.monotonic() - 1, 2)
+    assert count == 0
+    for (low, high), (new_low, new_high) in zip(given_bounds, tightened, strict=True):
+        assert np.array_equal(low, new_low) and np.array_equal(high, new_high)
+
+
+@settings(deadline=None, phases=[Phase.explicit])
+@given(seed=st.integers(0, 2**32 - 1), side=st.sampled_from([-1, 1]))
+@example(seed=5, side=-1)
+@example(seed=5, side=1)
+@example(seed=17, side=-1)
+def test_a_search_that_tightens_its_box_first_still_matches_the_oracle(seed, side):
+    """The search stopped at once for the MILP to tighten its box's bounds, then started
+    again within them: ``sat`` (confirmed) below the oracle's least ``y_0 - y_1`` over the
+    box, ``unsat`` above it, on three hidden layers (the last two tightened)."""
+    rng = np.random.default_rng(seed)
+    net = random_network(rng, [40, 30, 30, 30, 3], gain=1.5)
+    centre = rng.uniform(0, 1, 40)
+    lo, hi = centre - 0.05, centre + 0.05
+    c = np.array([1.0, -1.0, 0.0])
+    least = -max_violation(net, InputSet(lo, hi), OutputSpec(-c[None], [0.0]))[0]
+    at_centre = float(net.logits(centre[None])[0] @ c)
+    d = least + side * 0.05 * abs(at_centre - least)
+    query = Query(40, 3, (Case(lo, hi, ((c[None], np.array([d])),), tolerance=1e-4),))
+    runner = OnnxRunner(net.to_onnx())
+    saved = relu_split.REFINE_AFTER, relu_split.MILP_UNSTABLE
+    relu_split.REFINE_AFTER, relu_split.MILP_UNSTABLE = 0.0, 0  # splits alone decide
+    try:
+        verdict = verify(net, query, runner, timeout=120, cores=2)
+    finally:
+        relu_split.REFINE_AFTER, relu_split.MILP_UNSTABLE = saved
+    assert verdict.result == ("sat" if side > 0 else "unsat"), verdict
+    if side > 0:
+        assert verdict.x is not None
+        assert query.counterexample(verdict.x, runner(verdict.x[None])[0])
+    else:
+        assert verdict.stats["refined"] > 0

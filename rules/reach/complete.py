@@ -135,7 +135,7 @@ def verify(
         lows = np.stack([case.lower for case in query.cases])
         highs = np.stack([case.upper for case in query.cases])
         network = rounding_noise(network, lows, highs)
-    stats = {"boxes": 0, "branches": 0, "splits": 0, "milp": 0, "candidates": 0}
+    stats = {"boxes": 0, "branches": 0, "splits": 0, "milp": 0, "refined": 0, "candidates": 0}
     search = _Search(network, confirm, stats, memory)
     rng = np.random.default_rng(0)
     for case in query.cases:  # counterexamples first: a sample is cheap, a proof is not

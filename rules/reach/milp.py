@@ -8,6 +8,9 @@ tightens the bounds further by the LP over the layers before each neuron."""
 
 from __future__ import annotations
 
+import time
+from queue import Empty, SimpleQueue
+
 import numpy as np
 
 from vigil.rules.reach.backward import pre_activation_bounds
@@ -77,6 +80,99 @@ def lp_bounds(
         return None
 
 
+def milp_bounds(
+    network: Network,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    bounds: list[tuple[np.ndarray, np.ndarray]],
+    seconds: float,
+    until: float,
+    workers: int = 1,
+    stop: Stop | None = None,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """``bounds`` (each (1, width)) with the unstable neurons of every layer after the first
+    tightened by the MILP over the layers before them (alpha-beta-CROWN's MIP refinement of
+    intermediate bounds), layer by layer, and how many neurons it tightened. Each bound is HiGHS's
+    dual bound after at most ``seconds``, sound wherever it stops; ``workers`` MILPs run at
+    once, each on a thread and model of its own (HiGHS releases the GIL); none begins after
+    ``until`` (``time.monotonic``) or ``stop``, and the neurons not reached by then keep
+    their bounds. A network with a sigmoid or tanh keeps them all (the MILP does not model
+    them)."""
+    from concurrent.futures import ThreadPoolExecutor  # not for input bisection's start-up
+
+    if not network.relu_only or time.monotonic() >= until:
+        return bounds, 0
+    solver = Solver(bounds="milp", bound_time=seconds)
+    budget = until - time.monotonic()
+    models = [ReluModel(solver, budget=budget, stop=stop) for _ in range(workers)]
+    for model in models:
+        _configure(model)
+        model.start_box(Layer(lo, hi))
+    out, count = [], 0
+    with ThreadPoolExecutor(workers, "vigil-bounds") as pool:
+        for k, (w, b, (low, high)) in enumerate(
+            zip(network.weights[:-1], network.biases[:-1], bounds, strict=True)
+        ):
+            layer = _widened(low, high)
+            noise = None if network.noise is None else network.noise[k]
+            if k and layer.unstable.any() and time.monotonic() < until:
+                neurons: SimpleQueue[int] = SimpleQueue()
+                for j in np.flatnonzero(layer.unstable).tolist():
+                    neurons.put(j)
+                args = (w, b, layer, noise, neurons, until)
+                parts = [
+                    future.result()
+                    for future in [pool.submit(_tighten, model, *args) for model in models]
+                ]
+                count += sum(n for _, n in parts)
+                lower = np.max([part.lower for part, _ in parts], axis=0)
+                upper = np.min([part.upper for part, _ in parts], axis=0)
+                layer = Layer(np.maximum(lower, low[0]), np.minimum(upper, high[0]))
+            out.append((layer.lower[None], layer.upper[None]))
+            for model in models:
+                model.add_relu(w, b, layer, noise)
+    return out, count
+
+
+def _tighten(
+    model: ReluModel,
+    w: np.ndarray,
+    b: np.ndarray,
+    layer: Layer,
+    noise: np.ndarray | None,
+    neurons: SimpleQueue[int],
+    until: float,
+) -> tuple[Layer, int]:
+    """The layer with the neurons this thread takes from ``neurons`` tightened over its
+    model, until none is left or ``until``; and how many it took."""
+    count = 0
+    while time.monotonic() < until:
+        try:
+            j = neurons.get_nowait()
+        except Empty:
+            break
+        try:
+            layer = model.tighten(w, b, layer, noise, which=[j])
+        except VerificationError:  # the budget is spent, or stopped
+            break
+        count += 1
+    return layer, count
+
+
+def _configure(model: ReluModel) -> None:
+    model.h.setOptionValue("presolve", "off")  # a third faster on these small models
+    # the feasibility-jump heuristic runs before every solve: half of the time of an ACAS
+    # Xu box's MILP, which HiGHS decides at its root (bench/milp_heuristics.py)
+    model.h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
+
+
+def _widened(low: np.ndarray, high: np.ndarray) -> Layer:
+    """Bounds (each (1, width)) widened by the solver's slack, so that rounding in HiGHS
+    cannot cut a point."""
+    slack = BOUND_SLACK * (1.0 + np.maximum(np.abs(low[0]), np.abs(high[0])))
+    return Layer(low[0] - slack, high[0] + slack)
+
+
 def _add_hidden(
     model: ReluModel,
     network: Network,
@@ -88,17 +184,13 @@ def _add_hidden(
     """The box and the hidden layers into ``model``, on ``bounds`` widened by the solver's
     slack (so that rounding in HiGHS cannot cut a point); with ``tighten``, each layer
     after the first also LP-tightened. The bounds used, each (1, width)."""
-    model.h.setOptionValue("presolve", "off")  # a third faster on these small models
-    # the feasibility-jump heuristic runs before every solve: half of the time of an ACAS
-    # Xu box's MILP, which HiGHS decides at its root (bench/milp_heuristics.py)
-    model.h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
+    _configure(model)
     model.start_box(Layer(lo, hi))
     used = []
     for k, (w, b, (low, high)) in enumerate(
         zip(network.weights[:-1], network.biases[:-1], bounds, strict=True)
     ):
-        slack = BOUND_SLACK * (1.0 + np.maximum(np.abs(low[0]), np.abs(high[0])))
-        layer = Layer(low[0] - slack, high[0] + slack)
+        layer = _widened(low, high)
         noise = None if network.noise is None else network.noise[k]
         if tighten and k:
             layer = model.tighten(w, b, layer, noise)
