@@ -342,8 +342,9 @@ def test_the_free_milp_takes_the_shallowest_kept_branch_with_open_branches_below
     search.finisher = relu_split._Inline()
     taken = []
 
-    def milp(bounds, open_, order, deadline, stop, counts):
+    def milp(bounds, open_, order, deadline, stop, counts, share):
         taken.append(bounds)
+        assert share == relu_split.MILP_SHARE  # not the whole box's
         return "unknown"
 
     search._milp = milp  # type: ignore[method-assign]

@@ -4,7 +4,8 @@ ReLUs on the box's back-substituted pre-activation bounds, widened by the solver
 On the boxes ACAS Xu property 2 leaves open near its ties these leave 3 to 50 neurons
 unstable, where interval bounds left 80 to 200: HiGHS decides such a box in about 10 ms
 instead of 2 to over 20 s. For the larger branches of the ReLU search, ``lp_bounds``
-tightens the bounds further by the LP over the layers before each neuron."""
+tightens the bounds further by the LP over the layers before each neuron; for a whole box
+the search has not closed early, ``milp_bounds`` by the MILP over them."""
 
 from __future__ import annotations
 
@@ -92,12 +93,12 @@ def milp_bounds(
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """``bounds`` (each (1, width)) with the unstable neurons of every layer after the first
     tightened by the MILP over the layers before them (alpha-beta-CROWN's MIP refinement of
-    intermediate bounds), layer by layer, and how many neurons it tightened. Each bound is HiGHS's
-    dual bound after at most ``seconds``, sound wherever it stops; ``workers`` MILPs run at
-    once, each on a thread and model of its own (HiGHS releases the GIL); none begins after
-    ``until`` (``time.monotonic``) or ``stop``, and the neurons not reached by then keep
-    their bounds. A network with a sigmoid or tanh keeps them all (the MILP does not model
-    them)."""
+    intermediate bounds), layer by layer; and how many neurons it tightened. Each bound is
+    HiGHS's dual bound after at most ``seconds``, sound wherever it stops; ``workers``
+    MILPs run at once, each on a thread and model of its own (HiGHS releases the GIL);
+    none begins after ``until`` (``time.monotonic``) or ``stop``, and the neurons not
+    reached by then keep their bounds. A network with a sigmoid or tanh keeps them all
+    (the MILP does not model them)."""
     from concurrent.futures import ThreadPoolExecutor  # not for input bisection's start-up
 
     if not network.relu_only or time.monotonic() >= until:
