@@ -14,7 +14,8 @@ relaxation loosens its open bounds most (the intercept score of BaBSR). A split 
 stable in both children, so the tree is finite. Once its bounds leave few neurons
 unstable, a branch also goes to the MILP, whose answer holds for every branch below it:
 with two cores on a thread beside the bounds, with one on the search's own thread, which
-waits for it.
+waits for it. A search still open after a tenth of its time has the box's bounds tightened
+by the MILP (``milp.milp_bounds``) and starts again within them.
 
 Memory: branches are bounded in batches sized to three quarters of the memory budget, and
 an open branch is one sign per hidden neuron and, while the last quarter holds it, the
