@@ -89,15 +89,14 @@ def milp_bounds(
     seconds: float,
     until: float,
     workers: int = 1,
-    stop: Stop | None = None,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """``bounds`` (each (1, width)) with the unstable neurons of every layer after the first
     tightened by the MILP over the layers before them (alpha-beta-CROWN's MIP refinement of
     intermediate bounds), layer by layer; and how many neurons it tightened. Each bound is
     HiGHS's dual bound after at most ``seconds``, sound wherever it stops; ``workers``
     MILPs run at once, each on a thread and model of its own (HiGHS releases the GIL);
-    none begins after ``until`` (``time.monotonic``) or ``stop``, and the neurons not
-    reached by then keep their bounds. A network with a sigmoid or tanh keeps them all
+    none begins after ``until`` (``time.monotonic``), and the neurons not reached by then
+    keep their bounds. A network with a sigmoid or tanh keeps them all
     (the MILP does not model them)."""
     from concurrent.futures import ThreadPoolExecutor  # not for input bisection's start-up
 
@@ -105,7 +104,7 @@ def milp_bounds(
         return bounds, 0
     solver = Solver(bounds="milp", bound_time=seconds)
     budget = until - time.monotonic()
-    models = [ReluModel(solver, budget=budget, stop=stop) for _ in range(workers)]
+    models = [ReluModel(solver, budget=budget) for _ in range(workers)]
     for model in models:
         _configure(model)
         model.start_box(Layer(lo, hi))
@@ -116,6 +115,7 @@ def milp_bounds(
         ):
             layer = _widened(low, high)
             noise = None if network.noise is None else network.noise[k]
+            kept = low, high
             if k and layer.unstable.any() and time.monotonic() < until:
                 neurons: SimpleQueue[int] = SimpleQueue()
                 for j in np.flatnonzero(layer.unstable).tolist():
@@ -129,7 +129,8 @@ def milp_bounds(
                 lower = np.max([part.lower for part, _ in parts], axis=0)
                 upper = np.min([part.upper for part, _ in parts], axis=0)
                 layer = Layer(np.maximum(lower, low[0]), np.minimum(upper, high[0]))
-            out.append((layer.lower[None], layer.upper[None]))
+                kept = layer.lower[None], layer.upper[None]
+            out.append(kept)
             for model in models:
                 model.add_relu(w, b, layer, noise)
     return out, count

@@ -230,27 +230,28 @@ class ReluSplit:
                     self._refine(deadline)
                 return self._run(deadline)
             finally:
-                pending, self.pending, self.finisher = self.pending, None, None
-                if pending is not None:
-                    pending.stop()
-                    pending.future.exception()  # waits for its thread to end
-                    self.stats["milp"] += pending.counts["milp"]
+                self._stop_pending()
+                self.finisher = None
+
+    def _stop_pending(self) -> None:
+        """Stop the MILP on its thread, if one runs, and wait for the thread to end."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.stop()
+            pending.future.exception()  # waits for its thread to end
+            self.stats["milp"] += pending.counts["milp"]
 
     def _refine(self, deadline: float) -> None:
         """Tighten the root's bounds by the MILP on every core, the MILP of a branch (if
         one runs) stopped first: its branch was split, so nothing is lost with it."""
         self.refine_at = None
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.stop()
-            pending.future.exception()
-            self.stats["milp"] += pending.counts["milp"]
+        self._stop_pending()
         assert self.root is not None
         now = time.monotonic()
         until = now + REFINE_SHARE * (deadline - now)
         box = self.case.lower, self.case.upper
         self.root, count = milp_bounds(
-            self.network, *box, self.root, BOUND_SECONDS, until, max(self.cores, 1)
+            self.network, *box, self.root, BOUND_SECONDS, until, self.cores
         )
         self.stats["refined"] += count
         self.stack, self.candidates = [self._root()], []
