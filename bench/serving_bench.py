@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaProducer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from pipeline_bench import cpu_seconds, events, produce_all, stream  # noqa: E402
+from pipeline_bench import cpu_seconds, events, poll_interval, produce_all, stream  # noqa: E402
 
 from tests.daemon_harness import Daemon, create_topic, metric_samples, wait_http  # noqa: E402
 from tests.test_serving_kafka import request_bytes, response_bytes  # noqa: E402
@@ -76,11 +76,9 @@ async def counts(port: int, rule: str) -> tuple[float, float]:
 
 
 async def drain(port: int, pid: int, rule: str, n: int) -> tuple[float, float]:
-    """Decisions per second and CPU microseconds per decision, first move to n-th check.
-
-    Each poll renders the daemon's metrics, which costs it CPU in proportion to its series
-    (a serving rule has two stages' worth), so polls are 5 ms apart only until the first
-    move and near the expected end, and 20 to 100 ms apart between."""
+    """Decisions per second and CPU microseconds per decision, first move to n-th check,
+    polled as bench/pipeline_bench.py polls (each poll renders the daemon's metrics, which
+    costs it CPU in proportion to its series: a serving rule has two stages' worth)."""
     first = None
     while True:
         mine, moved = await counts(port, rule)
@@ -89,11 +87,7 @@ async def drain(port: int, pid: int, rule: str, n: int) -> tuple[float, float]:
             first = (now, cpu)
         if mine >= n:
             return n / (now - first[0]), 1e6 * (cpu - first[1]) / n
-        wait = 0.005 if first is None else 0.02
-        if first is not None and mine:
-            left = (n - mine) * (now - first[0]) / mine  # seconds, at the rate so far
-            wait = min(0.1, max(0.005, left / 3))
-        await asyncio.sleep(wait)
+        await asyncio.sleep(0.005 if first is None else poll_interval((first[0], 0), now, mine, n))
 
 
 async def run(args, fmt: str, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

@@ -214,6 +214,8 @@ def test_a_row_read_by_layout_is_the_row_its_parse_gives(stream, chosen):
             outcome(lambda p: layouts.tensors(role, p), payload)  # learns, as decode does
             continue
         expected = _rows_outcome(role, parse(role, payload)[1], selection)
+        if role == "request":
+            assert row.dtype == np.float64  # as a Decision's x
         got = [_nan_named(v) for v in row.tolist()] if role == "request" else row
         if isinstance(got, list):
             got = [_nan_named(v) for v in got]

@@ -142,6 +142,9 @@ def decision_rows(
     return x, y
 
 
+_FLOAT64 = np.dtype(np.float64)
+
+
 @dataclass(frozen=True, slots=True)
 class RowReader:
     """One message layout's decision row, read from a message's bytes: the one row
@@ -165,9 +168,10 @@ class RowReader:
                 return chunk[0]
             data = np.frombuffer(chunk, np.uint8)
         else:
-            data = np.frombuffer(payload, self.dtype, self.count, self.start)
+            data = np.ndarray((self.count,), self.dtype, payload, self.start)
         if self.kind == "input":
-            return data.astype(np.float64, copy=False)  # a view of the message's float64s
+            # float64s are a view of the message's bytes
+            return data if data.dtype is _FLOAT64 else data.astype(np.float64)
         if self.kind == "label":
             return int(data.astype(np.int64)[0])
         return data.astype(np.float64).tolist()
