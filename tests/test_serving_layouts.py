@@ -248,3 +248,19 @@ def test_named_features_are_read_as_tensors():
     request, _ = _one_row("5f0c7a1e-0000", np.ones((1, 6)), 1)
     layouts.tensors("request", request)
     assert len(layouts) == 1 and layouts.row("request", request) is None
+
+
+def test_a_layout_that_could_begin_json_text_gives_no_rows():
+    """The join tries a record's value by layout before telling it from JSON, so no layout
+    whose messages could begin as a JSON object does is read as rows: a model name of 123
+    bytes makes a message begin with "\\n{" (its tag and its length)."""
+    x = np.ones((1, 6))
+    for name, rows in (("m" * 123, False), (" " * 9 + "m", True), ("m" * 9, True)):
+        layouts = Layouts(TensorSelection())
+        first, again = (
+            message("request", ident, [("predict", "FP64", x)], True, {"model": name})
+            for ident in ("5f0c7a1e-0000", "9b1d22c4-0001")
+        )
+        layouts.tensors("request", first)
+        assert len(layouts) == 1
+        assert (layouts.row("request", again) is not None) is rows, name

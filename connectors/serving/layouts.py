@@ -131,7 +131,8 @@ class Layouts:
     def row(self, role: Role, payload: bytes) -> np.ndarray | int | list[float] | None:
         """The decision row of a message of a known layout whose selected tensor holds one
         row (``rows.RowReader``), read from its bytes; None when the message is to be read
-        as tensors."""
+        as tensors. Bytes it reads are never JSON text (``_json_like``), so a record's value
+        may be tried here before it is told from JSON."""
         known = self._rows.get((role, len(payload)))
         if known is None or not known[0].matches(payload):
             return None
@@ -165,12 +166,26 @@ class Layouts:
         if parsed % RELEARN_EVERY == 0:
             layout = self._known[key] = learn(key[0], payload, message, tensors)
             reader = None
-            if layout is not None and self.selection is not None:
+            if layout is not None and self.selection is not None and not _json_like(layout):
                 reader = row_reader(layout.values, key[0], self.selection)
             if reader is None:
                 self._rows.pop(key, None)
             else:
                 self._rows[key] = (layout, reader)
+
+
+_JSON_SPACE = frozenset(b" \t\n\r")
+
+
+def _json_like(layout: Layout) -> bool:
+    """Whether a message of the layout could begin as JSON text does: unless its first
+    constant bytes hold a byte past JSON's whitespace that is not ``{`` (protobuf's first
+    tag is often ``\\n``, then a length), whatever follows may be an object."""
+    first = layout.constant[0] if layout.constant else None
+    if first is None or first[0] != 0:
+        return True
+    lead = next((byte for byte in first[1] if byte not in _JSON_SPACE), None)
+    return lead is None or lead == ord("{")
 
 
 def parse(role: Role, payload: bytes) -> tuple[Any, list[Tensor]]:
