@@ -10,12 +10,10 @@ be committed or snapshotted; the restart replays from the last commit instead.
 
 ``send`` starts a delivery without waiting for it (snapshots taken meanwhile wait for it
 instead), and deliveries run one at a time and in order, so every commit follows the
-acknowledgement of its answers. On live traffic the daemon's loop settles each delivery
-before its next fetch: a batch fetched while the previous one is delivered would wait for
-that delivery and then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30
--> 45 ms at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching). On a
-backlog (a partition a whole batch or more behind its end) it goes on fetching and checking
-while the delivery is under way, for throughput.
+acknowledgement of its answers. The daemon's loop settles each delivery before its next
+fetch: a batch fetched while the previous one is delivered would wait for that delivery and
+then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
+at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching).
 """
 
 from __future__ import annotations

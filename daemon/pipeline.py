@@ -294,19 +294,8 @@ class Pipeline:
                     self._maybe_snapshot(tp)
         else:  # nothing to read, jobs running: do not spin on a source that never waits
             await asyncio.sleep(_IDLE_POLL_SECONDS)
-        await self.deliver_completed(wait=not (records and self._catching_up()))
+        await self.deliver_completed()
         await self._update_lag()
-        return False
-
-    def _catching_up(self) -> bool:
-        """Whether a partition is a whole batch or more behind its end: a backlog, where the
-        next batch is fetched and checked while this one is delivered (daemon/checkpoint.py;
-        live traffic waits for each delivery instead, for its latency)."""
-        batch = self.settings.max_batch
-        for tp, position in self._next.items():
-            end = self.source.end_offset(tp)
-            if end is not None and end - position >= batch:
-                return True
         return False
 
     def _outage_caused(self, error: Exception) -> bool:
@@ -388,18 +377,16 @@ class Pipeline:
         for w in pending:
             w.cancel()
 
-    async def deliver_completed(self, wait: bool = True) -> None:
+    async def deliver_completed(self) -> None:
         """Deliver the results of finished offloaded jobs, and what the merging rules release
-        with no new records (an idle wait ended), and commit what they released; with
-        ``wait``, wait for that and every earlier delivery."""
+        with no new records (an idle wait ended), and commit what they released."""
         async with self._lock:
             if self.failed:
                 return
             answers = [a for r in self.rules for a in r.completed()]
             if self._merging:
                 answers += self._merged()
-            offsets = self._commit_positions(list(self._emit_from))
-            await (self.checkpoint.deliver if wait else self.checkpoint.send)(answers, offsets)
+            await self.checkpoint.deliver(answers, self._commit_positions(list(self._emit_from)))
 
     @property
     def failed(self) -> bool:

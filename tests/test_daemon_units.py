@@ -427,43 +427,6 @@ def test_a_partition_is_let_go_only_once_its_commit_reads_back(tmp_path):
     assert source.commits[-1] == {("t", 0): 100}
 
 
-class _SlowSink(MemorySink):
-    """A sink whose deliveries take a while, as a broker's acknowledgement does; notes how
-    far the source had been read when each delivery was acknowledged."""
-
-    def __init__(self, source: MemorySource) -> None:
-        super().__init__()
-        self.source, self.read_by_ack = source, []
-
-    async def deliver(self, messages, offsets) -> None:
-        await asyncio.sleep(0.02)
-        await super().deliver(messages, offsets)
-        self.read_by_ack.append(self.source._next)
-
-
-@pytest.mark.parametrize(("count", "overlapped"), [(400, True), (60, False)])
-def test_a_backlog_is_read_on_while_a_delivery_is_under_way(tmp_path, count, overlapped):
-    """A whole batch (37) or more behind the end, the loop fetches and checks the next batch
-    while the last one is delivered; nearer the end (live traffic) it waits for each
-    delivery first. Either way every commit follows its answers, and all are checked."""
-    rng = np.random.default_rng(6)
-    x, y = rng.integers(0, 4, size=(count, 3)) / 4, rng.integers(0, 2, count)
-    source = MemorySource("t", _decisions(x, y))
-    sink = _SlowSink(source)
-    pipeline, source, _ = _pipeline([], FileStore(tmp_path), sink=sink, source=source)
-
-    async def run() -> None:
-        await source.start(pipeline.on_assign, pipeline.on_revoke)
-        await pipeline.run(asyncio.Event(), until_idle=True)
-
-    asyncio.run(run())
-    assert sink.read_by_ack[0] == (74 if overlapped else 37)
-    assert [offsets for _, offsets in sink.deliveries][-1] == {("t", 0): count}
-    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
-    expected = {n for n, ws in enumerate(witness_sets(x, y, 0.25)) if ws}
-    assert sorted(a["decision"]["id"] for a in alerts) == sorted(expected)
-
-
 class _AtTheEnd(MemorySource):
     """A source whose reset policy starts a partition without a commit at ``start``."""
 
