@@ -104,19 +104,13 @@ def decode(record: Record, model: str, layouts: Layouts | None = None) -> Infere
             return Inference(key, request_id(key), "response", model, [], text or "error")
         if record.header(TYPE_HEADER) in _RESPONSE_TYPES:
             role = "response"
-    if layouts is not None:  # one-row traffic's common case: a known unframed layout
-        row = layouts.row(role, value)
+    payload = unframe(value)  # JSON never starts with the framing's 0 byte
+    if layouts is not None:  # one-row traffic's common case: a known layout, no parse
+        row = layouts.row(role, payload)
         if row is not None:
             return Inference(key, request_id(key), role, model, [], None, row)
     if value[:1] == b"{" or (value[:1].isspace() and value.lstrip()[:1] == b"{"):
         return Inference(key, request_id(key), role, model, _json_tensors(value, role))
-    payload = unframe(value)
-    if layouts is None:
-        return Inference(key, request_id(key), role, model, _parsed(role, payload))
-    if payload is not value:  # framed: its message may be of a known layout
-        row = layouts.row(role, payload)
-        if row is not None:
-            return Inference(key, request_id(key), role, model, [], None, row)
     return Inference(key, request_id(key), role, model, _parsed(role, payload, layouts))
 
 
