@@ -14,7 +14,7 @@ bench/pipeline_bench.py.
 3. with ``--profile K``: the top K functions of one drain by own time (cProfile).
 
 The allocator thresholds are set as `vigil run` sets them (daemon/malloc.py), unless
-``--glibc-defaults``.
+``--glibc-defaults``, and so is the collector's schedule (daemon/collector.py).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pipeline_bench import events, stream
 from vigil.connectors.events import Record
 from vigil.connectors.memory import MemorySink, MemorySource
 from vigil.daemon.adapters import IorRule
+from vigil.daemon.collector import collect_between_batches
 from vigil.daemon.config import parse_config
 from vigil.daemon.logs import configure_logging
 from vigil.daemon.malloc import keep_freed_memory
@@ -113,6 +114,7 @@ async def main() -> int:
     args = p.parse_args()
     configure_logging("warning")
     tuned = not args.glibc_defaults and keep_freed_memory()
+    collect_between_batches()
     x, y, name = stream(args.n + args.steady)
     values = events(x, y)
     print(
