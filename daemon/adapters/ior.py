@@ -318,39 +318,40 @@ def witness_alerts(
     order) and says so, so that an alert always fits a Kafka message. ``history_complete``
     false says the history lacks records (deleted by retention): witnesses among them are
     missing from the set.
+    The batch's ids, outputs and distances are read out of the monitor once, as lists: with
+    array calls per alert, an alert took 10.5 microseconds to build, now 4.2
+    (docs/benchmarks.md).
     """
     spec = monitor.spec
     detected_at = now_iso()
     extra = {"delta": spec.delta} if spec.output is OutputKind.PROBABILITIES else {}
-    counts = witnesses.counts
-    for i in witnesses.flagged if rows is None else rows:
-        i = int(i)
-        if not counts[i]:
-            continue
-        position = witnesses.first + i
-        index, distance = witnesses.of(i)
-        total = len(index)
-        if max_witnesses is not None and total > max_witnesses:
-            nearest = np.sort(np.argsort(distance, kind="stable")[:max_witnesses])
-            index, distance = index[nearest], distance[nearest]
+    offsets = witnesses.offsets.tolist()
+    rows = [
+        i
+        for i in map(int, witnesses.flagged if rows is None else rows)
+        if offsets[i + 1] > offsets[i]
+    ]
+    positions = np.concatenate([witnesses.first + np.array(rows, dtype=np.int64), witnesses.index])
+    ids = monitor.ids(positions.tolist())
+    outputs = monitor.outputs(positions).tolist()
+    if output_value is not None:
+        outputs = [output_value(v) for v in outputs]
+    distances = witnesses.distance.tolist()
+    at = len(rows)  # witnesses' slots in ids and outputs start here
+    for k, i in enumerate(rows):
+        lo, hi = offsets[i], offsets[i + 1]
+        kept: Iterable[int] = range(lo, hi)
+        if max_witnesses is not None and hi - lo > max_witnesses:
+            kept = sorted(sorted(kept, key=distances.__getitem__)[:max_witnesses])
         model, source = context(i)
-        positions = np.append(position, index)  # the decision, then its witnesses
-        ids = monitor.ids(positions)
-        outputs = monitor.outputs(positions).tolist()
-        if output_value is not None:
-            outputs = [output_value(v) for v in outputs]
         alert = {
             "kind": "alert",
             "schema_version": ALERT_SCHEMA_VERSION,
             "rule": rule,
             "model": model,
-            "decision": {
-                "id": ids[0],
-                "y": outputs[0],
-            },
+            "decision": {"id": ids[k], "y": outputs[k]},
             "witnesses": [
-                {"id": wid, "y": wy, "distance": d}
-                for wid, wy, d in zip(ids[1:], outputs[1:], distance.tolist(), strict=True)
+                {"id": ids[at + s], "y": outputs[at + s], "distance": distances[s]} for s in kept
             ],
             "metric": spec.metric.value,
             "eps": spec.eps,
@@ -359,8 +360,8 @@ def witness_alerts(
             "detected_at": detected_at,
             "history_complete": history_complete,
         }
-        if len(index) < total:
-            alert.update(witness_count=total, witnesses_truncated=True)
+        if len(alert["witnesses"]) < hi - lo:
+            alert.update(witness_count=hi - lo, witnesses_truncated=True)
         if witnesses.ratio is not None:
             alert["lipschitz"] = lipschitz(monitor, witnesses, i)
         yield i, alert
