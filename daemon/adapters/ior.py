@@ -318,9 +318,8 @@ def witness_alerts(
     order) and says so, so that an alert always fits a Kafka message. ``history_complete``
     false says the history lacks records (deleted by retention): witnesses among them are
     missing from the set.
-    The batch's ids, outputs and distances are read out of the monitor once, as lists: with
-    array calls per alert, an alert took 10.5 microseconds to build, now 4.2
-    (docs/benchmarks.md).
+    The batch's ids, outputs and distances are read out of the monitor once, as lists:
+    array calls per alert cost more than building the alert (docs/benchmarks.md).
     """
     spec = monitor.spec
     detected_at = now_iso()
