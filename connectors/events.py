@@ -99,10 +99,9 @@ def decode_decision(record: Record) -> Decision:
     """Parse and check the decision envelope; raises ``BadEvent`` naming what is wrong.
 
     The common shape (``id``, ``model``, ``x``, ``y``, no ``features``) is read by the
-    typed envelope decoder, which builds no dict for the event (half a microsecond less a
-    decision, docs/benchmarks.md); anything else is parsed whole and goes through
-    ``_check_envelope``, which gives the errors. Both read every event alike
-    (tests/test_decode_fast_path.py)."""
+    typed envelope decoder, which builds no dict for the event (docs/benchmarks.md);
+    anything else is parsed whole and goes through ``_check_envelope``, which gives the
+    errors. Both read every event alike (tests/test_decode_fast_path.py)."""
     if record.value is None:
         raise BadEvent("undecodable", "empty message (tombstone)")
     try:

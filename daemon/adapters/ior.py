@@ -325,19 +325,20 @@ def witness_alerts(
     detected_at = now_iso()
     extra = {"delta": spec.delta} if spec.output is OutputKind.PROBABILITIES else {}
     offsets = witnesses.offsets.tolist()
-    rows = [
+    alerted = [
         i
         for i in map(int, witnesses.flagged if rows is None else rows)
         if offsets[i + 1] > offsets[i]
     ]
-    positions = np.concatenate([witnesses.first + np.array(rows, dtype=np.int64), witnesses.index])
+    decisions = witnesses.first + np.array(alerted, dtype=np.int64)
+    positions = np.concatenate([decisions, witnesses.index])
     ids = monitor.ids(positions.tolist())
     outputs = monitor.outputs(positions).tolist()
     if output_value is not None:
         outputs = [output_value(v) for v in outputs]
     distances = witnesses.distance.tolist()
-    at = len(rows)  # witnesses' slots in ids and outputs start here
-    for k, i in enumerate(rows):
+    at = len(alerted)  # witnesses' slots in ids and outputs start here
+    for k, i in enumerate(alerted):
         lo, hi = offsets[i], offsets[i + 1]
         kept: Iterable[int] = range(lo, hi)
         if max_witnesses is not None and hi - lo > max_witnesses:
