@@ -9,10 +9,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from vigil.connectors.csv_source import StreamFormatError, read_csv_stream
-from vigil.connectors.events import BadEvent, Record, decode_decision
+from vigil.connectors.events import BadEvent, Decision, Record, decode_decision
 
 Key = tuple[str | None, str]
 """(model, id as text): a CSV holds one model's decisions, so its model is None."""
@@ -119,7 +118,7 @@ def _read_events(path: Path, wanted: set[Key]) -> Decisions:
                 key = (decision.model, str(decision.id))
                 if key in wanted and key not in out.found:
                     names = out.names.setdefault(decision.model, [])
-                    out.found[key] = (out.count, _values(decision.x, decision.event, names))
+                    out.found[key] = (out.count, _values(decision, names))
             except BadEvent as e:
                 raise StreamFormatError(f"{path}, line {n}: {e}") from None
             out.per_model[decision.model] += 1
@@ -127,9 +126,11 @@ def _read_events(path: Path, wanted: set[Key]) -> Decisions:
     return out
 
 
-def _values(x: list | None, event: dict[str, Any], names: list[str]) -> list[float | None]:
-    """The event's inputs in the order of ``names``, which grows by the names it adds."""
-    named = {f"x[{i}]": v for i, v in enumerate(x)} if x is not None else event["features"]
+def _values(decision: Decision, names: list[str]) -> list[float | None]:
+    """The decision's inputs in the order of ``names``, which grows by the names it adds
+    (the whole event is read only for named ``features``)."""
+    x = decision.x
+    named = {f"x[{i}]": v for i, v in enumerate(x)} if x is not None else decision.event["features"]
     for name in named:
         if name not in names:
             names.append(name)
