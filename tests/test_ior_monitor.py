@@ -226,3 +226,33 @@ def test_parallel_takes_at_most_one_block_per_feature():
     monitor = Monitor(MonitorSpec(dim=2, eps=0.25), "parallel", blocks=8)
     assert monitor.backend.blocks == 2
     assert collect(monitor, x, y, 60) == witness_sets(x, y, 0.25)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    pools=st.lists(st.integers(1, 20), min_size=3, max_size=3),
+    batch=st.integers(1, 60),
+)
+def test_grid_notices_every_new_key_value_few_or_many(seed, pools, batch):
+    """Key features of 1 to 20 codes (compared value by value up to grid._FEW_VALUES, looked
+    up past it) whose codes keep arriving, one of them sometimes a hair off a code: after
+    every batch the keys are exactly the spaced features, and the witnesses the oracle's."""
+    rng = np.random.default_rng(seed)
+    n, eps = 240, 0.25
+    # codes 0, 1, ... arrive over the stream: the pool a row draws from grows with it
+    reach = np.minimum(1 + np.arange(n) * 4 // n * 7, 28)
+    x = np.stack([rng.integers(0, np.minimum(reach, p)) for p in pools], axis=1).astype(float)
+    off = rng.random(n) < 0.01  # an eighth off a code: feature 2 stops being a key
+    x[off, 2] += 1 / 8
+    y = rng.integers(0, 2, size=n)
+    monitor = Monitor(MonitorSpec(dim=3, eps=eps), "grid")
+    got = []
+    for s in range(0, n, batch):
+        got += collect(monitor, x[s : s + batch], y[s : s + batch], batch)
+        seen = x[: s + batch]
+        spaced = tuple(
+            k for k in range(3) if np.all(np.diff(np.unique(seen[:, k])) > eps * (1 + 1e-9))
+        )
+        assert monitor.backend.plan.keys == spaced
+    assert got == witness_sets(x, y, eps)

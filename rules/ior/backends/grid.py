@@ -44,6 +44,9 @@ _MAX_CELLS = 1e6
 """A grid feature's magnitude bound in units of eps, beyond which rounding could misplace
 a neighbour's cell; larger values make the feature ineligible for the grid."""
 _MAX_GRID = 6
+_FEW_VALUES = 8
+"""A key feature with at most this many values seen is checked for new ones by comparing
+with each (one-hot columns, codes, small ordinal scales)."""
 _PLAN_SAMPLE = 2048
 _FIRST_PLAN = 256
 _ROWS_PER_PROBE = 512
@@ -307,22 +310,45 @@ class GridBackend(Backend):
         return True
 
     def _index_key_values(self) -> None:
-        """Every value seen in some key feature, and in which ones: one membership test for
-        a whole batch, as almost every batch brings no new key value."""
-        keys = list(self._key_values)
-        values = [self._key_values[k] for k in keys]
-        self._seen = np.unique(np.concatenate(values)) if keys else np.empty(0)
-        self._seen_in = np.zeros((len(self._seen), len(keys)), dtype=bool)
-        for i, v in enumerate(values):
+        """The values seen in each key feature, for one membership test a batch (almost
+        every batch brings no new key value): a feature of at most ``_FEW_VALUES`` values is
+        compared with each of them (five times faster than a lookup), the others are looked
+        up among all values seen in them, with which features each was seen in."""
+        values = list(self._key_values.values())
+        few = np.array([len(v) <= _FEW_VALUES for v in values], dtype=bool)
+        self._few = np.flatnonzero(few)
+        self._few_values = np.full((len(self._few), _FEW_VALUES), np.nan)  # NaN: no value
+        for row, i in enumerate(self._few):
+            self._few_values[row, : len(values[i])] = values[i]
+        self._many = np.flatnonzero(~few)
+        many = [values[i] for i in self._many]
+        self._seen = np.unique(np.concatenate(many)) if many else np.empty(0)
+        self._seen_in = np.zeros((len(self._seen), len(many)), dtype=bool)
+        for i, v in enumerate(many):
             self._seen_in[np.searchsorted(self._seen, v), i] = True
 
     def _keys_with_new_values(self, values: np.ndarray) -> list[int]:
+        """The key features in which the rows (``values``: their key columns) bring a value
+        not seen before."""
         keys = list(self._key_values)
-        if not keys or not len(values) or not len(self._seen):
-            return keys if len(values) else []
-        at = np.minimum(np.searchsorted(self._seen, values), len(self._seen) - 1)
-        known = (self._seen[at] == values) & self._seen_in[at, np.arange(len(keys))]
-        return [keys[i] for i in np.flatnonzero(~known.all(axis=0))]
+        if not keys or not len(values):
+            return []
+        new = np.zeros(len(keys), dtype=bool)
+        if len(self._few):
+            part, table = values[:, self._few], self._few_values
+            known = part == table[:, 0]
+            for j in range(1, _FEW_VALUES):
+                known |= part == table[:, j]
+            new[self._few] = ~known.all(axis=0)
+        if len(self._many):
+            part, seen = values[:, self._many], self._seen
+            if len(seen):
+                at = np.minimum(np.searchsorted(seen, part), len(seen) - 1)
+                known = (seen[at] == part) & self._seen_in[at, np.arange(len(self._many))]
+                new[self._many] = ~known.all(axis=0)
+            else:
+                new[self._many] = True
+        return [keys[i] for i in np.flatnonzero(new)]
 
     def _plan_steps(self, start: int, stop: int) -> Plan | None:
         """The steps of planning again (once the history has grown fourfold) that the
