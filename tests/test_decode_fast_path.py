@@ -145,3 +145,21 @@ texts = st.sampled_from(
 @given(st.one_of(texts, st.binary(max_size=40)))
 def test_any_bytes_decode_as_the_checked_path(value):
     assert decoded(decode_decision, value) == decoded(checked_bytes, value)
+
+
+number_texts = st.builds(
+    lambda sign, whole, fraction, exponent: f"{sign}{whole}{fraction}{exponent}",
+    st.sampled_from(["", "-"]),
+    st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,25}", fullmatch=True)),
+    st.one_of(st.just(""), st.from_regex(r"\.[0-9]{1,30}", fullmatch=True)),
+    st.one_of(st.just(""), st.from_regex(r"[eE][+-]?[0-9]{1,3}", fullmatch=True)),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(number_texts, min_size=1, max_size=4))
+def test_numbers_as_written_read_to_the_same_bits(numbers):
+    """Long mantissas, exponents and wide integers in ``x``: the typed decoder's floats are
+    the checked path's to the bit (a witness at distance exactly eps depends on them)."""
+    value = b'{"id":1,"model":"m","x":[' + ",".join(numbers).encode() + b'],"y":0}'
+    assert decoded(decode_decision, value) == decoded(checked_bytes, value)
