@@ -312,7 +312,7 @@ class GridBackend(Backend):
     def _index_key_values(self) -> None:
         """The values seen in each key feature, for one membership test a batch (almost
         every batch brings no new key value): a feature of at most ``_FEW_VALUES`` values is
-        compared with each of them (five times faster than a lookup), the others are looked
+        compared with each of them (four times faster than a lookup), the others are looked
         up among all values seen in them, with which features each was seen in."""
         values = list(self._key_values.values())
         few = np.array([len(v) <= _FEW_VALUES for v in values], dtype=bool)
