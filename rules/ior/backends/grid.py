@@ -317,7 +317,8 @@ class GridBackend(Backend):
         values = list(self._key_values.values())
         few = np.array([len(v) <= _FEW_VALUES for v in values], dtype=bool)
         self._few = np.flatnonzero(few)
-        self._few_values = np.full((len(self._few), _FEW_VALUES), np.nan)  # NaN: no value
+        width = max([len(values[i]) for i in self._few], default=0) or 1
+        self._few_values = np.full((len(self._few), width), np.nan)  # NaN: no value
         for row, i in enumerate(self._few):
             self._few_values[row, : len(values[i])] = values[i]
         self._many = np.flatnonzero(~few)
@@ -337,7 +338,7 @@ class GridBackend(Backend):
         if len(self._few):
             part, table = values[:, self._few], self._few_values
             known = part == table[:, 0]
-            for j in range(1, _FEW_VALUES):
+            for j in range(1, table.shape[1]):
                 known |= part == table[:, j]
             new[self._few] = ~known.all(axis=0)
         if len(self._many):
