@@ -1,6 +1,7 @@
 """The serving join's own cost per request-response pair, without a broker: one-row Seldon
 Core 2 traffic packed into join-topic records by the rule's forward stage, then paired and
-checked by a fresh join stage in this process.
+checked by a fresh join stage in this process, with the collector scheduled as `vigil run`
+schedules it.
 
     python bench/serving_join.py [--n 20000] [--repeats 5] [--headers]
 
@@ -27,6 +28,7 @@ from tests.test_serving_kafka import request_bytes, response_bytes
 from vigil.connectors.events import Record
 from vigil.daemon.adapters.base import RuleContext
 from vigil.daemon.adapters.serving import ServingForward, ServingJoin, serving_rules
+from vigil.daemon.collector import collect_between_batches
 from vigil.daemon.config import parse_config
 from vigil.daemon.metrics import Metrics
 
@@ -92,6 +94,7 @@ def main() -> int:
     parser.add_argument("--headers", action="store_true")
     args = parser.parse_args()
     records = packed(args.n, args.headers)
+    collect_between_batches()  # as `vigil run` schedules the collector
     join, check = [], []
     for _ in range(args.repeats):
         joined, checked, pairs = asyncio.run(once(records))

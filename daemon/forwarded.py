@@ -46,10 +46,15 @@ def frame(record: Record, topic: bytes) -> bytes:
     return b"".join(parts)
 
 
-def unpack(value: bytes) -> list[Record]:
-    """The records of a packed value, in order; raises ``ValueError`` for bytes that are not
-    whole frames."""
-    out: list[Record] = []
+Fields = tuple[str, int, int, bytes | None, bytes | None, tuple[tuple[str, bytes], ...], int]
+"""A packed record's fields in ``Record``'s order (``Record(*fields)`` builds it): a tuple,
+as the join builds a record only for what it keeps (docs/benchmarks.md)."""
+
+
+def unpack(value: bytes) -> list[Fields]:
+    """The fields of a packed value's records, in order; raises ``ValueError`` for bytes
+    that are not whole frames."""
+    out: list[Fields] = []
     topics: dict[bytes, str] = {}
     head, head_size = _HEAD.unpack_from, _HEAD.size
     at, end = 0, len(value)
@@ -77,7 +82,7 @@ def unpack(value: bytes) -> list[Record]:
                 headers, at = _headers(value, at, count)
             if at > end:
                 raise ValueError("a frame runs past the end")
-            out.append(Record(topic, partition, offset, data, key, headers, timestamp))
+            out.append((topic, partition, offset, data, key, headers, timestamp))
     except (struct.error, UnicodeDecodeError) as e:
         raise ValueError(f"not packed records: {e}") from None
     return out

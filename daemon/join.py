@@ -60,6 +60,23 @@ class Join:
     ) -> tuple[tuple[Waiting, Waiting] | None, list[Expired]]:
         """Take one side: the (request, response) pair it completes, if any, and the entries
         this arrival expired."""
+        partner, expired = self.take(inference.join_key, inference.role, timestamp_ms)
+        arrived = Waiting(inference, record, timestamp_ms)
+        if partner is not None:
+            pair = (partner, arrived) if inference.role == "response" else (arrived, partner)
+            return pair, expired
+        superseded = self.put(arrived)
+        if superseded is not None:
+            expired.append(superseded)
+        return None, expired
+
+    def take(
+        self, join_key: str, role: Role, timestamp_ms: int
+    ) -> tuple[Waiting | None, list[Expired]]:
+        """The first step of an arrival: stream time moved to it, the entries that expires,
+        and the other side of its inference when that waits (taken out). Without one, the
+        arrival is to be ``put``; a caller that needs no ``Waiting`` for a side that pairs
+        at once builds none."""
         if timestamp_ms > self.stream_time:
             self.stream_time = timestamp_ms
         waiting = self._waiting
@@ -67,18 +84,16 @@ class Join:
         cutoff = self.stream_time - self.timeout_ms
         if waiting and next(iter(waiting.values())).timestamp_ms < cutoff:
             expired = self._expire(cutoff)
-        arrived = Waiting(inference, record, timestamp_ms)
-        role, key = inference.role, inference.join_key
         other: Role = "response" if role == "request" else "request"
-        partner = waiting.pop((key, other), None)
-        if partner is not None:
-            pair = (partner, arrived) if other == "request" else (arrived, partner)
-            return pair, expired
-        earlier = waiting.pop((key, role), None)
-        if earlier is not None:
-            expired.append(Expired(earlier, "superseded"))
-        waiting[(key, role)] = arrived
-        return None, expired
+        return waiting.pop((join_key, other), None), expired
+
+    def put(self, arrived: Waiting) -> Expired | None:
+        """The second step of an arrival its ``take`` did not pair: it waits, and an earlier
+        one of the same side and key goes (returned)."""
+        key = (arrived.inference.join_key, arrived.inference.role)
+        earlier = self._waiting.pop(key, None)
+        self._waiting[key] = arrived
+        return None if earlier is None else Expired(earlier, "superseded")
 
     def _expire(self, cutoff: int) -> list[Expired]:
         """Oldest arrivals first, up to the first still in time, at ``cutoff`` or later

@@ -116,10 +116,10 @@ async def joined(
     try:
         while time.monotonic() < deadline and len(sides) < 2 * len(rows):
             for records in (await consumer.getmany(timeout_ms=300)).values():
-                sides += [_side(f) for r in records for f in unpack(r.value)]
+                sides += [_side(Record(*f)) for r in records for f in unpack(r.value)]
         await asyncio.sleep(2)  # anything more (a duplicate) would arrive now
         for records in (await consumer.getmany(timeout_ms=500)).values():
-            sides += [_side(f) for r in records for f in unpack(r.value)]
+            sides += [_side(Record(*f)) for r in records for f in unpack(r.value)]
     finally:
         await consumer.stop()
     assert sorted(sides) == sorted((i, side) for i in rows for side in ("request", "response"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import orjson
 from google.protobuf.message import DecodeError
 
@@ -97,6 +98,10 @@ def decode(record: Record, model: str, layouts: Layouts | None = None) -> Infere
     key = join_key(record).decode(errors="replace")
     role = role_of(record.topic)
     value = record.value or b""
+    if layouts is not None:  # one-row traffic's common case: a known layout, no parse
+        row = layout_row(role, value, record.headers, layouts)
+        if row is not None:
+            return Inference(key, request_id(key), role, model, [], None, row)
     if record.headers:
         error = record.header(ERROR_HEADER)
         if error is not None:
@@ -105,13 +110,31 @@ def decode(record: Record, model: str, layouts: Layouts | None = None) -> Infere
         if record.header(TYPE_HEADER) in _RESPONSE_TYPES:
             role = "response"
     payload = unframe(value)  # JSON never starts with the framing's 0 byte
-    if layouts is not None:  # one-row traffic's common case: a known layout, no parse
-        row = layouts.row(role, payload)
-        if row is not None:
-            return Inference(key, request_id(key), role, model, [], None, row)
     if value[:1] == b"{" or (value[:1].isspace() and value.lstrip()[:1] == b"{"):
         return Inference(key, request_id(key), role, model, _json_tensors(value, role))
     return Inference(key, request_id(key), role, model, _parsed(role, payload, layouts))
+
+
+def layout_row(
+    role: Role, value: bytes, headers: tuple[tuple[str, bytes], ...], layouts: Layouts
+) -> np.ndarray | int | list[float] | None:
+    """The decision row of a value from ``role``'s topic, read by a known layout: for a
+    record that is neither an error nor a response on a request topic; None for any other
+    (``decode`` reads it). Takes a record's fields, so the join builds no record for a side
+    it pairs at once."""
+    typed = None
+    for name, data in headers:
+        if name == ERROR_HEADER:
+            return None
+        if name == TYPE_HEADER:
+            typed = data  # the last one counts, as in ``Record.header``
+    if typed in _RESPONSE_TYPES and role == "request":
+        return None
+    try:
+        payload = unframe(value)
+    except BadEvent:
+        return None  # ``decode`` says why
+    return layouts.row(role, payload)
 
 
 def _parsed(role: Role, payload: bytes, layouts: Layouts | None = None) -> list:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -29,13 +30,13 @@ from vigil.connectors.base import OutMessage, TopicPartition
 from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, encode, now_iso
 from vigil.connectors.serving import kserve, seldon
 from vigil.connectors.serving.layouts import Layouts
-from vigil.connectors.serving.message import Inference
+from vigil.connectors.serving.message import Inference, Role
 from vigil.connectors.serving.rows import TensorSelection, decision_rows
 from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StatePart
 from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
 from vigil.daemon.config import IorRuleConfig, ReachRuleConfig, SeldonConfig, ServingKeys
-from vigil.daemon.forwarded import PACK_BYTES, PACK_HEADER, frame, unpack
+from vigil.daemon.forwarded import PACK_BYTES, PACK_HEADER, Fields, frame, unpack
 from vigil.daemon.join import Expired, Join, Waiting
 from vigil.daemon.merge import TimeMerge
 
@@ -176,6 +177,7 @@ class ServingJoin(Rule):
         self.joins: dict[TopicPartition, Join] = {}
         self.layouts = Layouts(self.selection)  # of the model's protobuf messages
         self._continued: set[TopicPartition] = set()  # the last snapshot held checker state
+        self._roles: dict[str, Role] = {}  # of the Seldon topics seen
 
     def wants_decisions(self, topic: str) -> bool:
         return False
@@ -188,15 +190,19 @@ class ServingJoin(Rule):
         result = RuleResult()
         started = time.perf_counter()
         join = self.joins.setdefault(tp, self._new_join())
+        by_layout = self.config.format == "seldon"
         for record in records:
             live = record.offset >= emit_from
             try:
-                sources = _carried(record)
+                carried = _carried(record)
             except BadEvent as e:
                 if live:
                     result.events.append(self._dead(record, record, e.reason, str(e)))
                 continue
-            for source in sources:
+            for fields in carried:
+                if by_layout and self._took_by_layout(join, record, fields, live, result):
+                    continue
+                source = Record(*fields)
                 try:
                     inference = self._decode(source)
                 except BadEvent as e:
@@ -216,6 +222,48 @@ class ServingJoin(Rule):
         self.context.metrics.serving_waiting.labels(self.name, tp[0], str(tp[1])).set(len(join))
         result.seconds = time.perf_counter() - started
         return result
+
+    def _took_by_layout(
+        self, join: Join, record: Record, fields: Fields, live: bool, result: RuleResult
+    ) -> bool:
+        """Take a keyed Seldon record whose row reads by a known layout (``seldon.decode``'s
+        common case, read the same way): whether it was taken, or is left to ``decode``.
+        A side that pairs at once with one read so too becomes a decision without a record,
+        an inference or a ``Waiting`` built for it."""
+        topic, _, _, value, key, headers, timestamp = fields
+        role = self._roles.get(topic)
+        if role is None:
+            if not topic.endswith((".inputs", ".outputs")):
+                return False  # ``decode`` says why
+            role = self._roles[topic] = seldon.role_of(topic)
+        if not key or value is None:
+            return False
+        row = seldon.layout_row(role, value, headers, self.layouts)
+        if row is None:
+            return False
+        join_key = key.decode(errors="replace")
+        partner, expired = join.take(join_key, role, timestamp)
+        if live and expired:
+            result.events += [self._unmatched(record, e) for e in expired]
+        if partner is not None and partner.inference.row is not None:
+            if role == "response":
+                ident, x_row, y_row = partner.inference.request_id, partner.inference.row, row
+            else:
+                ident, x_row, y_row = seldon.request_id(join_key), row, partner.inference.row
+            result.decisions.append(self._decision(record, ident, x_row, y_row))
+            return True
+        model = self.config.model
+        assert model is not None
+        inference = Inference(join_key, seldon.request_id(join_key), role, model, [], None, row)
+        arrived = Waiting(inference, Record(*fields), timestamp)
+        if partner is not None:
+            pair = (partner, arrived) if role == "response" else (arrived, partner)
+            self._decisions(record, *pair, result, live)
+        else:
+            superseded = join.put(arrived)
+            if live and superseded is not None:
+                result.events.append(self._unmatched(record, superseded))
+        return True
 
     async def check(
         self, tp: TopicPartition, decisions: list[Decision], emit_from: int
@@ -237,27 +285,31 @@ class ServingJoin(Rule):
     ) -> None:
         """The pair's rows as decisions answered by ``record``, or (live) a dead letter."""
         asked, answered = request.inference, response.inference
+        ident = asked.request_id
+        if asked.row is not None and answered.row is not None:  # one row each, by layout
+            result.decisions.append(self._decision(record, ident, asked.row, answered.row))
+            return
+        try:
+            x, y = self._rows(asked, answered)
+        except BadEvent as e:
+            if live:
+                result.events.append(self._dead(record, request.record, e.reason, str(e)))
+            return
+        if len(x) == 1:
+            result.decisions.append(self._decision(record, ident, x[0], y[0].tolist()))
+            return
+        model = self.config.model
+        names = [f"{ident}/{row}" for row in range(len(x))]
+        event = {"id": ident, "model": model}
+        result.decisions += map(
+            Decision, repeat(record), names, repeat(model), x, y.tolist(), repeat(event)
+        )
+
+    def _decision(self, record: Record, ident: str, x_row: Any, y_row: Any) -> Decision:
+        """A pair's one row as the decision ``<ident>/0``, answered by ``record``."""
         model = self.config.model
         assert model is not None
-        ident = asked.request_id
-        event = {"id": ident, "model": model}
-        if asked.row is not None and answered.row is not None:  # one row each, by layout
-            x_row, y_row = asked.row, answered.row
-        else:
-            try:
-                x, y = self._rows(asked, answered)
-            except BadEvent as e:
-                if live:
-                    result.events.append(self._dead(record, request.record, e.reason, str(e)))
-                return
-            if len(x) != 1:
-                names = [f"{ident}/{row}" for row in range(len(x))]
-                result.decisions += map(
-                    Decision, repeat(record), names, repeat(model), x, y.tolist(), repeat(event)
-                )
-                return
-            x_row, y_row = x[0], y[0].tolist()
-        result.decisions.append(Decision(record, f"{ident}/0", model, x_row, y_row, event))
+        return Decision(record, f"{ident}/0", model, x_row, y_row, {"id": ident, "model": model})
 
     def _rows(self, request: Inference, response: Inference) -> tuple[np.ndarray, np.ndarray]:
         """The pair's rows; raises ``BadEvent`` for a failed inference or rows that do not
@@ -372,9 +424,9 @@ def _unpack(part: bytes) -> tuple[bytes, bytes]:
     return part[8 : 8 + size], part[8 + size :]
 
 
-def _carried(record: Record) -> list[Record]:
-    """The serving stack's records a join-topic record carries: many (packed by this
-    build's forward stage), or one (a copy with its source headers, as older builds
+def _carried(record: Record) -> list[Fields]:
+    """The fields of the serving stack's records a join-topic record carries: many (packed
+    by this build's forward stage), or one (a copy with its source headers, as older builds
     forwarded them)."""
     headers = record.headers
     if len(headers) == 1 and tuple(headers[0]) == _PACKED[0]:
@@ -385,7 +437,8 @@ def _carried(record: Record) -> list[Record]:
     source = _original(record)
     if source is record:
         raise BadEvent("schema", "a join-topic record without its source topic header")
-    return [source]
+    s = source
+    return [(s.topic, s.partition, s.offset, s.value, s.key, s.headers, s.timestamp_ms)]
 
 
 def _original(record: Record) -> Record:
