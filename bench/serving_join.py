@@ -30,6 +30,7 @@ from vigil.daemon.adapters.base import RuleContext
 from vigil.daemon.adapters.serving import ServingForward, ServingJoin, serving_rules
 from vigil.daemon.collector import collect_between_batches
 from vigil.daemon.config import parse_config
+from vigil.daemon.malloc import keep_freed_memory
 from vigil.daemon.metrics import Metrics
 
 PREFIX = "seldon.t.model.compas"  # the model's inputs and outputs topics, less the suffix
@@ -94,7 +95,8 @@ def main() -> int:
     parser.add_argument("--headers", action="store_true")
     args = parser.parse_args()
     records = packed(args.n, args.headers)
-    collect_between_batches()  # as `vigil run` schedules the collector
+    keep_freed_memory()  # as `vigil run` sets the allocator
+    collect_between_batches()  # and schedules the collector
     join, check = [], []
     for _ in range(args.repeats):
         joined, checked, pairs = asyncio.run(once(records))

@@ -25,22 +25,20 @@ _HEADER = struct.Struct("<Hi")  # name length, value length
 
 def frame(record: Record, topic: bytes) -> bytes:
     """One record as a frame (``topic``: its topic, encoded)."""
-    key, value = record.key, record.value
-    parts = [
-        _HEAD.pack(
-            len(topic),
-            record.partition,
-            record.offset,
-            record.timestamp_ms,
-            -1 if key is None else len(key),
-            -1 if value is None else len(value),
-            len(record.headers),
-        ),
-        topic,
-        key or b"",
-        value or b"",
-    ]
-    for name, data in record.headers:
+    key, value, headers = record.key, record.value, record.headers
+    head = _HEAD.pack(
+        len(topic),
+        record.partition,
+        record.offset,
+        record.timestamp_ms,
+        -1 if key is None else len(key),
+        -1 if value is None else len(value),
+        len(headers),
+    )
+    if not headers:
+        return b"".join((head, topic, key or b"", value or b""))
+    parts = [head, topic, key or b"", value or b""]
+    for name, data in headers:
         encoded = name.encode()
         parts += (_HEADER.pack(len(encoded), len(data or b"")), encoded, data or b"")
     return b"".join(parts)
@@ -55,7 +53,7 @@ def unpack(value: bytes) -> list[Fields]:
     """The fields of a packed value's records, in order; raises ``ValueError`` for bytes
     that are not whole frames."""
     out: list[Fields] = []
-    topics: dict[bytes, str] = {}
+    raw, topic = b"", ""  # the last frame's topic, as packed and decoded
     head, head_size = _HEAD.unpack_from, _HEAD.size
     at, end = 0, len(value)
     try:
@@ -64,10 +62,9 @@ def unpack(value: bytes) -> list[Fields]:
             if klen < -1 or vlen < -1:
                 raise ValueError("a frame's key or value length is negative")
             at += head_size
-            raw = value[at : at + size]
-            topic = topics.get(raw)
-            if topic is None:
-                topic = topics[raw] = raw.decode()
+            if size != len(raw) or not value.startswith(raw, at):  # not the last one's
+                raw = value[at : at + size]
+                topic = raw.decode()
             at += size
             key = None
             if klen >= 0:

@@ -123,7 +123,11 @@ class Layouts:
         self.selection = selection
         self._known: dict[tuple[Role, int], Layout | None] = {}
         self._parsed: dict[tuple[Role, int], int] = {}  # since the size was first seen
-        self._rows: dict[tuple[Role, int], tuple[Layout, RowReader]] = {}
+        # by role, then size: no key tuple built per message
+        self._rows: dict[Role, dict[int, tuple[Layout, RowReader]]] = {
+            "request": {},
+            "response": {},
+        }
 
     def __len__(self) -> int:
         return sum(layout is not None for layout in self._known.values())
@@ -133,7 +137,7 @@ class Layouts:
         row (``rows.RowReader``), read from its bytes; None when the message is to be read
         as tensors. Bytes it reads are never JSON text (``_json_like``), so a record's value
         may be tried here before it is told from JSON."""
-        known = self._rows.get((role, len(payload)))
+        known = self._rows[role].get(len(payload))
         if known is None or not known[0].matches(payload):
             return None
         return known[1](payload)
@@ -169,9 +173,9 @@ class Layouts:
             if layout is not None and self.selection is not None and not _json_like(layout):
                 reader = row_reader(layout.values, key[0], self.selection)
             if reader is None:
-                self._rows.pop(key, None)
+                self._rows[key[0]].pop(key[1], None)
             else:
-                self._rows[key] = (layout, reader)
+                self._rows[key[0]][key[1]] = (layout, reader)
 
 
 _JSON_SPACE = frozenset(b" \t\n\r")

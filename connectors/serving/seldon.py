@@ -130,11 +130,12 @@ def layout_row(
             typed = data  # the last one counts, as in ``Record.header``
     if typed in _RESPONSE_TYPES and role == "request":
         return None
-    try:
-        payload = unframe(value)
-    except BadEvent:
-        return None  # ``decode`` says why
-    return layouts.row(role, payload)
+    if value[:1] == b"\0":  # schema-registry framing
+        try:
+            value = unframe(value)
+        except BadEvent:
+            return None  # ``decode`` says why
+    return layouts.row(role, value)
 
 
 def _parsed(role: Role, payload: bytes, layouts: Layouts | None = None) -> list:

@@ -94,17 +94,19 @@ class ServingForward(Rule):
         started = time.perf_counter()
         frames: list[bytes] = []
         size, last = 0, None
+        keyed = self.config.format == "seldon"  # a keyed Seldon record pairs by its key
         for record in self.merge.release(behind):
-            try:
-                mine = self._pairable(record)
-            except BadEvent as e:
-                result.dead.append((record, e.reason, str(e)))
-                continue
-            except UNREADABLE as e:
-                result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
-                continue
-            if not mine:
-                continue  # another InferenceService's traffic on a shared topic
+            if not (keyed and record.key):
+                try:
+                    mine = self._pairable(record)
+                except BadEvent as e:
+                    result.dead.append((record, e.reason, str(e)))
+                    continue
+                except UNREADABLE as e:
+                    result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
+                    continue
+                if not mine:
+                    continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
             topic = self._topics.get(record.topic)
             if topic is None:
