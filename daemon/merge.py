@@ -86,7 +86,17 @@ class TimeMerge:
         out: list[Record] = []
         while heads:
             _, tp, buffer = heappop(heads)
-            out.append(buffer.popleft())
+            if heads:  # its run before the next partition's head goes at once
+                next_time, next_tp, _ = heads[0]
+                out.append(buffer.popleft())
+                while buffer and (
+                    (time_ms := buffer[0].timestamp_ms) < next_time
+                    or (time_ms == next_time and tp < next_tp)
+                ):
+                    out.append(buffer.popleft())
+            else:
+                out += buffer
+                buffer.clear()
             if buffer:
                 heappush(heads, (buffer[0].timestamp_ms, tp, buffer))
             elif self._waits(tp, behind, self._clock()):
