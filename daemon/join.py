@@ -73,7 +73,7 @@ class Join:
     def take(
         self, join_key: str, role: Role, timestamp_ms: int
     ) -> tuple[Waiting | None, list[Expired]]:
-        """The first step of an arrival: stream time moved to it, the entries that expires,
+        """The first step of an arrival: stream time moved to it, the entries that expired,
         and the other side of its inference when that waits (taken out). Without one, the
         arrival is to be ``put``; a caller that needs no ``Waiting`` for a side that pairs
         at once builds none."""

@@ -66,4 +66,4 @@ def test_any_bytes_unpack_or_are_refused(value):
         out = unpack(value)
     except ValueError:
         return
-    assert all(len(fields) == len(Record.__slots__) for fields in out)
+    assert all(len(fields) == len(Record.__struct_fields__) for fields in out)

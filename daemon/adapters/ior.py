@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields, replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from vigil.connectors.base import OutMessage, TopicPartition
@@ -126,7 +127,7 @@ class IorRule(Rule):
             if problem:
                 result.dead.append((d.record, "schema", problem))
             else:
-                out.append(replace(d, x=value))
+                out.append(msgspec.structs.replace(d, x=value))
         return out
 
     def _spec(self, dim: int, out_dim: int) -> MonitorSpec:
