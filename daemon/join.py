@@ -17,16 +17,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import orjson
 
 from vigil.connectors.events import Record
 from vigil.connectors.serving.message import Inference, Role
 
 
-@dataclass(slots=True)
-class Waiting:
+class Waiting(msgspec.Struct, gc=False):
     """One side of an inference and the record it came from (snapshots keep the record).
-    Built once per record and never modified; not frozen, as ``Record`` is not."""
+    Built once per record and never modified; a struct, as ``Record`` is."""
 
     inference: Inference
     record: Record
