@@ -13,6 +13,7 @@ import pytest
 from vigil.connectors.events import BadEvent, Record
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.connectors.serving import kserve, seldon
+from vigil.connectors.serving.layouts import Layouts
 from vigil.connectors.serving.rows import TensorSelection, decision_rows, input_rows
 
 INPUTS, OUTPUTS = seldon.topics("seldon", "seldon-mesh", "model", "iris")
@@ -411,3 +412,21 @@ def test_a_side_read_by_layout_pairs_with_one_read_as_tensors():
         np.testing.assert_array_equal(x_rows, expected[0])
         assert y_rows.tolist() == expected[1].tolist() == [2]
         assert x_rows.dtype == np.float64 and y_rows.dtype == np.int64
+
+
+def test_with_a_learned_row_layout_the_type_and_error_headers_still_decide():
+    """A record whose bytes match a learned row layout is read as its headers say: a
+    response on an inputs topic, or a failed inference, is not taken for a row."""
+    layouts = Layouts(TensorSelection())
+    request = raw_request(np.array([[1.0, 2.0]])).SerializeToString()
+    response = typed_response([1]).SerializeToString()
+    seldon.decode(record(INPUTS, request, b"0.iris.a"), "iris", layouts)  # learned from
+    seldon.decode(record(OUTPUTS, response, b"0.iris.a"), "iris", layouts)
+    assert seldon.decode(record(INPUTS, request, b"0.iris.b"), "iris", layouts).row is not None
+    assert seldon.decode(record(OUTPUTS, response, b"0.iris.b"), "iris", layouts).row == 1
+    typed = (*HEADERS, ("seldon-infer-type", b"proto/InferModelResponse"))
+    with pytest.raises(BadEvent, match="0 values in fp64_contents"):  # parsed as a response
+        seldon.decode(record(INPUTS, request, b"0.iris.c", typed), "iris", layouts)
+    failing = (*HEADERS, ("seldon-pipeline-errors", b"iris"))
+    failed = seldon.decode(record(OUTPUTS, response, b"0.iris.d", failing), "iris", layouts)
+    assert failed.error == response.decode(errors="replace") and failed.row is None
