@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from vigil.connectors.base import OutMessage, TopicPartition
@@ -439,8 +440,7 @@ def _carried(record: Record) -> list[Fields]:
     source = _original(record)
     if source is record:
         raise BadEvent("schema", "a join-topic record without its source topic header")
-    s = source
-    return [(s.topic, s.partition, s.offset, s.value, s.key, s.headers, s.timestamp_ms)]
+    return [msgspec.structs.astuple(source)]
 
 
 def _original(record: Record) -> Record:
