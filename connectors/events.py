@@ -87,7 +87,7 @@ class _Envelope(msgspec.Struct, gc=False):
     model: str
     x: list[float]
     y: _Int64 | float | list[float]
-    features: Any = msgspec.UNSET
+    features: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET  # only seen, not built
 
 
 _ENVELOPE = msgspec.json.Decoder(_Envelope)

@@ -95,19 +95,17 @@ class ServingForward(Rule):
         started = time.perf_counter()
         frames: list[bytes] = []
         size, last = 0, None
-        keyed = self.config.format == "seldon"  # a keyed Seldon record pairs by its key
         for record in self.merge.release(behind):
-            if not (keyed and record.key):
-                try:
-                    mine = self._pairable(record)
-                except BadEvent as e:
-                    result.dead.append((record, e.reason, str(e)))
-                    continue
-                except UNREADABLE as e:
-                    result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
-                    continue
-                if not mine:
-                    continue  # another InferenceService's traffic on a shared topic
+            try:
+                mine = self._pairable(record)
+            except BadEvent as e:
+                result.dead.append((record, e.reason, str(e)))
+                continue
+            except UNREADABLE as e:
+                result.dead.append((record, "undecodable", f"cannot read it: {e!r}"))
+                continue
+            if not mine:
+                continue  # another InferenceService's traffic on a shared topic
             result.checked += 1
             topic = self._topics.get(record.topic)
             if topic is None:
@@ -236,9 +234,10 @@ class ServingJoin(Rule):
         topic, _, _, value, key, headers, timestamp = fields
         role = self._roles.get(topic)
         if role is None:
-            if not topic.endswith((".inputs", ".outputs")):
+            try:
+                role = self._roles[topic] = seldon.role_of(topic)
+            except ValueError:
                 return False  # ``decode`` says why
-            role = self._roles[topic] = seldon.role_of(topic)
         if not key or value is None:
             return False
         row = seldon.layout_row(role, value, headers, self.layouts)
