@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vigil.rules.ior import BACKENDS, Monitor, MonitorSpec
+from vigil.rules.ior.backends.base import _screened, verify
+from vigil.rules.ior.history import History
 
 EPS = ["0.01", "0.05", "0.1", "0.25", "0.3", "0.5", "1.25"]
 OPTIONS = {"parallel": {"blocks": 2, "inner": "bruteforce"}}
@@ -77,3 +79,40 @@ def test_a_pair_exactly_eps_apart_as_written_is_a_witness_and_one_hair_above_is_
     w = monitor.check_batch(x, np.array([0, 1, 1, 0, 1]))
     assert [w.of(i)[0].tolist() for i in range(5)] == [[], [0], [0], [1, 2], []]
     assert w.of(3)[1][1] == 0.25  # the written distance, not the float's
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.data(),
+    st.sampled_from(EPS),
+    st.sampled_from(["linf", "l1", "l2"]),
+    st.integers(6, 9),
+)
+def test_the_screen_before_the_full_distance_drops_no_tie(data, eps, metric, dim):
+    # clusters far apart (so that one feature rejects most pairs and the screen runs), whose
+    # rows differ by up to twice eps in each feature: many pairs are exactly eps apart as
+    # written, some a hair above eps in float64
+    step = hundredths(eps)
+    clusters = data.draw(st.integers(3, 5))
+    size = data.draw(st.integers(12, 16))
+    offsets = data.draw(
+        st.lists(
+            st.lists(st.integers(0, 2 * step), min_size=dim, max_size=dim),
+            min_size=clusters * size,
+            max_size=clusters * size,
+        )
+    )
+    cents = np.array(offsets) + 10_000 * np.repeat(np.arange(clusters), size)[:, None]
+    y = np.array(data.draw(st.lists(st.integers(0, 1), min_size=len(cents), max_size=len(cents))))
+    x = np.array([[float(f"{c / 100:.2f}") for c in row] for row in cents])
+    spec = MonitorSpec(dim=dim, eps=float(eps), metric=metric)
+    history = History(spec)
+    history.append(x, y, list(range(len(x))))
+    q, j = np.triu_indices(len(x), k=1)[::-1]  # every pair, the later one first
+    assert len(_screened(history.x, q, j, float(eps))[0]) < len(q)  # the screen runs
+    found = verify(history, q.astype(np.int64), j.astype(np.int64), 0.0)
+    expected = oracle(cents, y, step, metric)
+    got = [[] for _ in range(len(x))]
+    for a, b in sorted(zip(found.query.tolist(), found.index.tolist(), strict=True)):
+        got[a].append(b)
+    assert got == expected
