@@ -3,19 +3,22 @@
     bash ops/kafka/dev-kafka.sh start
     python bench/pipeline_bench.py [--bootstrap 127.0.0.1:9092] [--n 46033] [--rate 10000]
 
-For each delivery mode (at-least-once, exactly-once), in one run:
+For each delivery mode (at-least-once, exactly-once; with ``:loop``, the decode worker off,
+so that the loop reads every event: the baseline of daemon/decoding.py), in one run:
 1. throughput: N decisions are produced first; a fresh `vigil run` subprocess then drains
    them; decisions per second = N / (time of the last check - time of the first check),
    read from the daemon's own `vigil_events_total` counter; over the same interval, the
-   daemon's CPU time per decision (user + system, from /proc) and the garbage
-   collections it ran (`python_gc_collections_total`);
+   daemon's CPU time per decision (user + system, from /proc, of the daemon and its child
+   processes: the decode worker's time counts) and the garbage collections it ran
+   (`python_gc_collections_total`);
 2. latency: with the daemon caught up, decisions are produced at ``--rate`` per second and
    every alert's arrival (read_committed, timed in a process of its own) is matched with
    its decision's send time: p50/p99. First, the same decisions at the same rate into a
    topic of their own, timed to their arrival there ("broker alone"): the round trip the
    broker and the clients take without the daemon, measured in the same run. A decision's
    alert makes two such trips.
-The daemon's peak resident memory (VmHWM) is reported after each mode. The stream is
+The daemon's peak resident memory (VmHWM) is reported after each mode, and its child
+processes' (the decode worker) beside it. The stream is
 adult-base-P1 from ../shared/data when present (repeated to reach N), else a synthetic
 stream of the same shape (30 features, 26 binary).
 """
@@ -99,9 +102,23 @@ async def checked(port: int) -> tuple[float, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User plus system CPU time so far of process ``pid`` and of its live descendants."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+    return [p for c in children for p in (c, *descendants(c))]
 
 
 async def drain_rate(port: int, pid: int, n: int) -> dict:
@@ -140,10 +157,19 @@ def peak_rss_mib(pid: int) -> float:
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
-async def run_mode(args, exactly_once: bool, x, y) -> dict:
+def children_peak_rss_mib(pid: int) -> float:
+    return sum(peak_rss_mib(p) for p in descendants(pid))
+
+
+async def run_mode(args, mode: str, x, y) -> dict:
+    delivery, _, where = mode.partition(":")
     with tempfile.TemporaryDirectory() as tmp:
         daemon = Daemon(
-            args.bootstrap, Path(tmp), exactly_once=exactly_once, snapshot_every_events=10**9
+            args.bootstrap,
+            Path(tmp),
+            exactly_once=delivery == "exactly-once",
+            snapshot_every_events=10**9,
+            kafka_settings="decode_worker = false" if where == "loop" else "",
         )
         n = len(x)
         await produce_all(args.bootstrap, daemon.topic, events(x, y))
@@ -152,13 +178,15 @@ async def run_mode(args, exactly_once: bool, x, y) -> dict:
             drain = await drain_rate(daemon.port, daemon.proc.pid, n)
             latencies = await latency_phase(args, daemon, x, y)
             rss = peak_rss_mib(daemon.proc.pid)
+            workers_rss = children_peak_rss_mib(daemon.proc.pid)
         finally:
             daemon.kill()
     return {
-        "mode": "exactly-once" if exactly_once else "at-least-once",
+        "mode": mode,
         "decisions": n,
         **drain,
         "rss_mib": rss,
+        "workers_rss_mib": workers_rss,
         **latencies,
     }
 
@@ -266,7 +294,11 @@ async def main() -> int:
     p.add_argument("--n", type=int, default=46_033)
     p.add_argument("--rate", type=int, default=10_000, help="decisions/s in the latency phase")
     p.add_argument("--latency-seconds", type=int, default=4)
-    p.add_argument("--modes", default="at-least-once,exactly-once")
+    p.add_argument(
+        "--modes",
+        default="at-least-once:loop,at-least-once,exactly-once",
+        help="comma-separated; ':loop' reads every event in the loop (decode worker off)",
+    )
     args = p.parse_args()
     x, y, name = stream(args.n)
     print(
@@ -274,20 +306,20 @@ async def main() -> int:
         f"eps 0.04 auto; latency phase {args.rate}/s for {args.latency_seconds} s"
     )
     print(
-        f"{'mode':<15}{'decisions/s':>12}{'CPU us/dec':>11}{'GCs':>6}{'p50 ms':>9}"
-        f"{'p99 ms':>9}{'alerts timed':>14}{'peak RSS MiB':>14}"
+        f"{'mode':<20}{'decisions/s':>12}{'CPU us/dec':>11}{'GCs':>6}{'p50 ms':>9}"
+        f"{'p99 ms':>9}{'alerts timed':>14}{'peak RSS MiB':>14}{'worker MiB':>12}"
     )
     floor = await broker_round_trip(args, x, y)
     print(
-        f"{'broker alone':<15}{'':>12}{'':>11}{'':>6}{floor['p50_ms']:>9.1f}{floor['p99_ms']:>9.1f}"
+        f"{'broker alone':<20}{'':>12}{'':>11}{'':>6}{floor['p50_ms']:>9.1f}{floor['p99_ms']:>9.1f}"
         f"{floor['alerts_timed']:>14}{'':>14}"
     )
     for mode in args.modes.split(","):
-        r = await run_mode(args, mode == "exactly-once", x, y)
+        r = await run_mode(args, mode, x, y)
         print(
-            f"{r['mode']:<15}{r['per_second']:>12.0f}{r['cpu_us']:>11.1f}{r['collections']:>6.0f}"
+            f"{r['mode']:<20}{r['per_second']:>12.0f}{r['cpu_us']:>11.1f}{r['collections']:>6.0f}"
             f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
-            f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}"
+            f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}{r['workers_rss_mib']:>12.0f}"
         )
     return 0
 

@@ -69,6 +69,11 @@ class KafkaConfig(_Section):
     )
     client_id: str = "vigil"
     max_batch: Annotated[int, Field(ge=1)] = 5000
+    decode_worker: bool = Field(
+        default=True,
+        description="read large batches' decision events (a backlog's) in a worker process "
+        "while the batch before is checked; off on a single core",
+    )
     fetch_timeout_ms: Annotated[int, Field(ge=1)] = 200
     fetch_max_wait_ms: Annotated[int, Field(ge=1)] = Field(
         default=20, description="how long the broker may hold a fetch for an idle partition"

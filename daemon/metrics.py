@@ -203,6 +203,18 @@ class Metrics:
             ["rule", "side", "why"],
             registry=r,
         )
+        self.decode_worker_events = Counter(
+            "vigil_decode_worker_events",
+            "Decision events of large batches read in the decode worker process (the others "
+            "are read in the loop).",
+            registry=r,
+        )
+        self.decode_worker_failures = Counter(
+            "vigil_decode_worker_failures",
+            "Decode worker processes that failed and were stopped (their batch was read in "
+            "the loop; the next large batch starts another).",
+            registry=r,
+        )
         self.delivery_recoveries = Counter(
             "vigil_delivery_recoveries",
             "Deliveries that failed because the broker did not answer, after which the "

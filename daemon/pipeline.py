@@ -27,7 +27,6 @@ from vigil.connectors.events import (
     Decision,
     Record,
     dead_letter,
-    decode_decision,
     encode,
     now_iso,
 )
@@ -36,6 +35,7 @@ from vigil.connectors.kafka_security import BrokerUnavailable
 from vigil.daemon.adapters import Answer, Rule, RuleResult
 from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.checkpoint import Checkpoint
+from vigil.daemon.decoding import Decoded, DecodeWorker
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.state import Restored, StateStore, restore_partition
 
@@ -48,6 +48,10 @@ _STABLE_POLL_SECONDS = 0.02
 _FENCED_AFTER_OUTAGE_SECONDS = 300.0
 """A fenced producer within this long of an outage was fenced by the broker's transaction
 timeout (its transaction outlived the outage), not by another instance."""
+
+
+Fetched = tuple[dict[TopicPartition, int], dict[TopicPartition, int]]
+"""Each partition's seeks when a fetch began and when it ended (``Pipeline._seeks``)."""
 
 
 class HistoryGap(ValueError):
@@ -76,7 +80,10 @@ class Pipeline:
         metrics: Metrics,
         settings: PipelineSettings,
         broker: BrokerWatch | None = None,
+        reader: DecodeWorker | None = None,
     ) -> None:
+        """``reader``: reads large batches' decision events in a worker process, each batch
+        checked after the next fetch (daemon/decoding.py); without it the loop reads them."""
         self.rules = rules
         self._merging = [r for r in rules if r.merges]
         self.broker = broker
@@ -93,7 +100,13 @@ class Pipeline:
         self._snapshot_at: dict[TopicPartition, float] = {}
         self._writes: dict[tuple[str, TopicPartition], asyncio.Task] = {}  # newest per key
         self.checkpoint = Checkpoint(source, sink, metrics)
-        self._assignments: dict[TopicPartition, int] = defaultdict(int)  # seeks so far
+        self.reader = reader
+        self._held: tuple[list[Record], Fetched, asyncio.Future] | None = None
+        """A fetched batch whose decision events the reader reads while the batch before is
+        checked: (records, seeks when fetched, the reading)."""
+        self._seeks: dict[TopicPartition, int] = defaultdict(int)
+        """Seeks so far per partition (assignments' and re-reads'): a batch fetched before
+        one of its partition's is stale there."""
         self.fatal: Exception | None = None  # raised by the loop (found in a callback)
 
     def _rules_for(self, topic: str) -> list[Rule]:
@@ -130,7 +143,7 @@ class Pipeline:
         self.checkpoint.assign(tp, restored.committed)
         self._next[tp] = restored.replay_from
         self._snapshot_at[tp] = time.monotonic()
-        self._assignments[tp] += 1
+        self._seeks[tp] += 1
         await self.source.seek(tp, restored.replay_from)
         log.info(
             "partition_assigned",
@@ -255,6 +268,8 @@ class Pipeline:
     async def run(self, stop: asyncio.Event, until_idle: bool = False) -> None:
         """Process batches until ``stop`` is set (or, with ``until_idle``, the source has
         nothing more to give)."""
+        if self.reader is not None:
+            self.reader.start()
         while not stop.is_set():
             try:
                 if await self._step(stop, until_idle):
@@ -263,6 +278,9 @@ class Pipeline:
                 if not self._outage_caused(e):
                     raise
                 await self._resume(e, stop)
+        if self._held is not None:  # fetched, not checked: read again after a restart
+            self._held[2].cancel()
+            self._held = None
         if not self.failed:
             await self._settle()
 
@@ -276,24 +294,35 @@ class Pipeline:
             await self._wait_for_space()
             await self.deliver_completed()
             return False
-        fetched_at = dict(self._assignments)
-        fetch = self.source.fetch(self.settings.max_batch, self.settings.fetch_timeout_ms)
-        records = await _unless_stopped(fetch, stop)
+        began = dict(self._seeks)
+        held, self._held = self._held, None
+        # with a batch held, take only what is buffered: it is checked right after
+        timeout = 0 if held else self.settings.fetch_timeout_ms
+        records = await _unless_stopped(self.source.fetch(self.settings.max_batch, timeout), stop)
         if stop.is_set():
+            if held:
+                held[2].cancel()
             return False
         if self.fatal is not None:  # found by an assignment during the fetch
             raise self.fatal
-        if records:
-            await self._process(records, fetched_at)
-        elif not any(r.in_flight() for r in self.rules):
-            await self._settle()
-            if until_idle:
-                return True
-            async with self._lock:
-                for tp in list(self._emit_from):
-                    self._maybe_snapshot(tp)
-        else:  # nothing to read, jobs running: do not spin on a source that never waits
-            await asyncio.sleep(_IDLE_POLL_SECONDS)
+        fetched = (began, dict(self._seeks))
+        reading = self.reader.read(records) if records and self.reader else None
+        if reading is not None:  # checked after the next fetch; the worker reads it meanwhile
+            self._held = (records, fetched, reading)
+        if held:
+            await self._process(held[0], held[1], await held[2])
+        if records and reading is None:
+            await self._process(records, fetched)
+        elif not records and not held:
+            if not any(r.in_flight() for r in self.rules):
+                await self._settle()
+                if until_idle:
+                    return True
+                async with self._lock:
+                    for tp in list(self._emit_from):
+                        self._maybe_snapshot(tp)
+            else:  # nothing to read, jobs running: do not spin on a source that never waits
+                await asyncio.sleep(_IDLE_POLL_SECONDS)
         await self.deliver_completed()
         await self._update_lag()
         return False
@@ -408,8 +437,10 @@ class Pipeline:
     async def process(
         self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
     ) -> None:
-        """Check, emit and commit one fetched batch, and wait for the delivery."""
-        await self._process(records, fetched_at)
+        """Check, emit and commit one fetched batch, and wait for the delivery.
+        ``fetched_at``: the seeks when the fetch began (see ``_process``)."""
+        fetched = None if fetched_at is None else (fetched_at, dict(self._seeks))
+        await self._process(records, fetched)
         await self._settle()
 
     async def _settle(self) -> None:
@@ -417,13 +448,19 @@ class Pipeline:
             await self.checkpoint.settle()
 
     async def _process(
-        self, records: list[Record], fetched_at: dict[TopicPartition, int] | None = None
+        self,
+        records: list[Record],
+        fetched: Fetched | None = None,
+        decoded: Decoded | None = None,
     ) -> None:
         """Check one fetched batch and start its delivery and commit (the loop settles it
-        before the next fetch, see daemon/checkpoint.py). ``fetched_at`` (the assignment
-        count of each partition when the fetch began) marks partitions (re)assigned
-        meanwhile: their records may predate the assignment's seek, so they are dropped and
-        the partition is sought back to where processing stands, to be read again in order."""
+        before the next fetch, see daemon/checkpoint.py). ``fetched`` (each partition's
+        seeks when the fetch began and when it ended) marks partitions sought since: their
+        records may predate the seek (an assignment's, or a re-read's), so they are dropped.
+        If the seek came during the fetch, the fetch may also have moved the position past
+        records the seek meant to read: the partition is sought back to where processing
+        stands, to be read again in order. ``decoded``: the batch's decisions read ahead."""
+        decoded = decoded or Decoded()
         started = time.perf_counter()
         async with self._lock:
             answers: list[Answer] = []
@@ -434,16 +471,18 @@ class Pipeline:
             for tp, recs in by_tp.items():
                 if tp not in self._emit_from:
                     continue  # revoked while the batch was in flight
-                if fetched_at is not None and fetched_at.get(tp) != self._assignments[tp]:
+                if fetched is not None and fetched[0].get(tp) != self._seeks[tp]:
                     log.info("stale_batch_dropped", topic=tp[0], partition=tp[1], records=len(recs))
-                    await self.source.seek(tp, self._next[tp])
+                    if fetched[1].get(tp) == self._seeks[tp]:
+                        await self.source.seek(tp, self._next[tp])
+                        self._seeks[tp] += 1
                     continue
                 # fetched before the assignment's seek and fetched again after it
                 recs = [r for r in recs if r.offset >= self._next[tp]]
                 if not recs:
                     continue
                 positions[tp] = recs[-1].offset + 1
-                answers += await self._process_partition(tp, recs)
+                answers += await self._process_partition(tp, recs, decoded)
             for tp, offset in positions.items():
                 self._unsnapshotted[tp] += offset - self._next.get(tp, 0)
                 self._next[tp] = offset
@@ -475,7 +514,9 @@ class Pipeline:
         end = self.source.end_offset(tp)
         return end is None or self._next.get(tp, 0) < end
 
-    async def _process_partition(self, tp: TopicPartition, records: list[Record]) -> list[Answer]:
+    async def _process_partition(
+        self, tp: TopicPartition, records: list[Record], decoded: Decoded
+    ) -> list[Answer]:
         emit_from = self._emit_from[tp]
         out: list[Answer] = []
         rules = self._rules_for(tp[0])
@@ -496,7 +537,7 @@ class Pipeline:
         by_model: dict[str, list[Decision]] = defaultdict(list)
         for r in records:
             try:
-                d = decode_decision(r)
+                d = decoded.decision(r)
             except BadEvent as e:
                 if r.offset >= emit_from:
                     out.append(self._dead(r, e.reason, str(e)))

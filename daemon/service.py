@@ -30,6 +30,7 @@ from vigil.daemon.adapters.serving import serving_topics
 from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.collector import collect_between_batches
 from vigil.daemon.config import Config
+from vigil.daemon.decoding import DecodeWorker
 from vigil.daemon.http import OpsServer
 from vigil.daemon.malloc import keep_freed_memory
 from vigil.daemon.metrics import Metrics
@@ -116,6 +117,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         for pool, kinds in rule.offload_jobs().items():
             pools.setdefault(pool, set()).update(kinds)
     metrics.start({r.name: (r.kind, r.backend) for r in rules}, pools)
+    reader: DecodeWorker | None = None
     if config.kafka is not None:
         k = config.kafka
         security = k.security()
@@ -137,6 +139,9 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         )
         sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security)
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms
+        if k.decode_worker:
+            topics = {t for r in rules for t in r.topics if r.wants_decisions(t)}
+            reader = DecodeWorker(topics, metrics)
         broker = BrokerWatch(
             BrokerProbe(k.bootstrap_servers, security, k.client_id), metrics, k.bootstrap_servers
         )
@@ -174,7 +179,7 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         fail_on_history_gap=config.state.on_history_gap == "fail",
         startup_timeout_seconds=startup_timeout,
     )
-    return Pipeline(rules, source, sink, store, metrics, settings, broker)
+    return Pipeline(rules, source, sink, store, metrics, settings, broker, reader)
 
 
 class ShutdownIncomplete(Exception):
@@ -479,4 +484,6 @@ async def _close(pipeline: Pipeline, server: OpsServer | None, ends: float) -> l
             log.info("close_failed", step=name, error=repr(e))
     for rule in pipeline.rules:
         rule.close()
+    if pipeline.reader is not None:
+        pipeline.reader.close()
     return pending

@@ -24,6 +24,7 @@ from vigil.connectors.memory import MemorySink, MemorySource
 from vigil.daemon.adapters import IorRule
 from vigil.daemon.cli import main
 from vigil.daemon.config import ConfigError, load_config, parse_config
+from vigil.daemon.decoding import Decoded, DecodeWorker
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.service import _shutdown
@@ -614,7 +615,7 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
     async def second_run(commits):
         pipeline, source, _ = _pipeline(_decisions(x, y), store, sink, every=100)
         source.commits, source._next = commits, 150
-        fetched_at = dict(pipeline._assignments)
+        fetched_at = dict(pipeline._seeks)
         early = await source.fetch(37, 0)  # offsets 150..186, before the callback's seek
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         snapshot, _ = await store.load("r", source.tp)
@@ -627,6 +628,106 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
     alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
     got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
     assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+
+
+class _HoldingReader:
+    """Holds every batch for one fetch, as the decode worker does, and leaves its events to
+    the loop (the pipeline's own logic, without a process)."""
+
+    def start(self) -> None:
+        pass
+
+    def read(self, records: list[Record]) -> asyncio.Future:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(Decoded())
+        return done
+
+
+class _AssignedInFirstFetch(MemorySource):
+    """The assignment (its seek) comes while the first fetch is under way, and the fetch
+    still returns records: as the Kafka client's can."""
+
+    async def start(self, on_assign, on_revoke) -> None:
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+
+    async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
+        if self._on_assign is not None:
+            on_assign, self._on_assign = self._on_assign, None
+            await on_assign([self.tp])
+        return await super().fetch(max_records, timeout_ms)
+
+
+def test_batches_held_for_their_read_ahead_survive_a_seek_in_order(tmp_path):
+    """The batch fetched across the assignment is dropped and read again; the one fetched
+    while it was held, before that re-read's seek, must be dropped too, not checked ahead
+    of the records read again."""
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 8, size=(200, 3)) / 8
+    y = rng.integers(0, 2, size=200)
+    truth = witness_sets(x, y, 0.25)
+    source = _AssignedInFirstFetch("t", _decisions(x, y))
+    sink = MemorySink()
+    pipeline, _, _ = _pipeline(None, FileStore(tmp_path, keep=3), sink, source=source)
+    pipeline.reader = _HoldingReader()
+
+    async def run() -> None:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
+    got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+    assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert source.commits[-1] == {source.tp: 200}
+
+
+def test_a_backlog_decoded_in_the_worker_gives_the_loops_alerts_and_dead_letters(tmp_path):
+    rng = np.random.default_rng(12)
+    x = rng.integers(0, 8, size=(4000, 3)) / 8
+    y = rng.integers(0, 2, size=4000)
+    values = _decisions(x, y)
+    bad = {  # offsets in the stream: each kind in the worker's batches and in the loop's
+        500: b"{not json",
+        1500: b'{"id": "b", "model": "m", "x": [0.5], "y": 1}',
+        2500: b'{"id": "c", "model": "m", "x": [0.5, "a", 1], "y": 1}',
+        3999: b'{"id": "d", "model": "m", "x": [0.5, 1e999, 1], "y": 1}',
+    }
+    for at, value in sorted(bad.items()):
+        values.insert(at, value)
+    truth = witness_sets(x, y, 0.25)
+
+    def outputs(reader) -> tuple[list, list]:
+        sink, source = MemorySink(), MemorySource("t", values)
+        store = FileStore(tmp_path / str(id(sink)), keep=3)
+        pipeline, _, _ = _pipeline(None, store, sink, source=source)
+        pipeline.settings = PipelineSettings("dead", max_batch=1500, snapshot_every_events=10**6)
+        pipeline.reader = reader
+
+        async def run() -> None:
+            await source.start(pipeline.on_assign, pipeline.on_revoke)
+            await pipeline.run(asyncio.Event(), until_idle=True)
+
+        try:
+            asyncio.run(run())
+        finally:
+            if reader is not None:
+                reader.close()
+        out = {"vigil.alerts": [], "dead": []}
+        for m in sink.messages:
+            out[m.topic].append(orjson.loads(m.value))
+        return out["vigil.alerts"], out["dead"]
+
+    metrics = Metrics()
+    alerts, dead = outputs(DecodeWorker({"t"}, metrics))
+    assert metrics.decode_worker_events._value.get() >= 2900  # two batches of 1,500
+    got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+    assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert [d["source"]["offset"] for d in dead] == sorted(bad)
+    loop_alerts, loop_dead = outputs(None)
+    assert [a["decision"] for a in alerts] == [a["decision"] for a in loop_alerts]
+    assert [(d["reason"], d["error"]) for d in dead] == [
+        (d["reason"], d["error"]) for d in loop_dead
+    ]
 
 
 def test_a_bad_model_file_stops_the_daemon_at_startup(tmp_path):

@@ -1,0 +1,163 @@
+"""A backlog's decision events read in a worker process while the loop checks the batch before.
+
+Reading a decision event (the typed decode, its inputs' floats, the batch's matrix) takes
+about a quarter of the loop's time per decision, and the loop has one core. A batch of at
+least ``READ_AHEAD_RECORDS`` is therefore handed to one worker process, which sends back the
+typed envelopes with their inputs as one matrix; the loop checks the batch fetched before
+meanwhile (daemon/pipeline.py holds each such batch for one fetch). Smaller batches (live
+traffic) are read in the loop: they would only wait for the other process. Every record the
+worker leaves (a bad event, another shape) is read in the loop by ``decode_decision``, so the
+decisions and dead letters do not depend on where a batch was read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+
+import structlog
+
+from vigil.connectors.events import (
+    Decision,
+    Envelopes,
+    Record,
+    decode_decision,
+    read_decisions,
+    read_envelopes,
+)
+from vigil.daemon.metrics import Metrics
+
+log = structlog.get_logger("vigil.decoding")
+
+READ_AHEAD_RECORDS = 1000
+"""Decision events a fetched batch needs for the worker to read them."""
+
+
+class Decoded:
+    """A batch's decisions read ahead; ``decision`` reads any other record itself."""
+
+    def __init__(self, decisions: Iterable[Decision] = ()) -> None:
+        self._read = {id(d.record): d for d in decisions}
+
+    def decision(self, record: Record) -> Decision:
+        """The record's decision; raises ``BadEvent`` as ``decode_decision`` does."""
+        d = self._read.get(id(record))
+        return decode_decision(record) if d is None else d
+
+
+class Link:
+    """A worker process and the pipe to it (no semaphores: a daemon killed with SIGKILL leaves
+    nothing for the resource tracker to report). One thread of the daemon sends each batch
+    and waits for the answer, so the event loop never blocks on the pipe."""
+
+    def __init__(self) -> None:
+        ours, theirs = multiprocessing.Pipe()
+        spawn = multiprocessing.get_context("spawn")  # no fork of the loop and client threads
+        self.process = spawn.Process(target=serve, args=(theirs,), name="vigil-decode", daemon=True)
+        self.process.start()
+        theirs.close()
+        self.conn = ours
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="vigil-decode")
+
+    def ask(self, values: list[bytes | None]) -> asyncio.Future[Envelopes]:
+        """The worker's reading of ``values``, in the order asked."""
+        return asyncio.get_running_loop().run_in_executor(self._io, self._round_trip, values)
+
+    def _round_trip(self, values: list[bytes | None]) -> Envelopes:
+        self.conn.send(values)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        """Stop the process; a batch under way fails (its thread sees the pipe close)."""
+        self.process.kill()
+        self._io.submit(self.conn.close)
+        self._io.shutdown(wait=False)
+
+
+def serve(conn: Connection) -> None:
+    """The worker process: answer each batch of values with its envelopes until the daemon
+    closes its end of the pipe or dies. Signals to the daemon's process group (Ctrl-C, a
+    service manager's stop) are left to the daemon, which ends the worker itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        try:
+            values = conn.recv()
+        except EOFError:
+            return
+        conn.send(read_envelopes(values))
+
+
+class DecodeWorker:
+    """One worker process reading large batches' decision events ahead of the loop.
+
+    ``start`` starts the process (a backlog is often waiting when the daemon starts); the
+    first batch waits for it to be up. A worker that fails is stopped, its batches are read
+    in the loop, and the next large batch starts another."""
+
+    def __init__(
+        self, topics: Iterable[str], metrics: Metrics, new_link: Callable[[], Link] = Link
+    ) -> None:
+        self.topics = frozenset(topics)
+        self.metrics = metrics
+        self.new_link = new_link
+        self._link: Link | None = None
+        self._starting: asyncio.Future | None = None
+
+    def start(self) -> None:
+        """Start the worker process, unless it runs (called in the event loop)."""
+        if self._link is not None:
+            return
+        try:
+            link = self._link = self.new_link()
+        except Exception as e:  # no process could be started
+            self._report(e)
+            return
+        self._starting = link.ask([])
+        self._starting.add_done_callback(self._started)
+        log.info("decode_worker_starting", pid=link.process.pid)
+
+    def _started(self, starting: asyncio.Future) -> None:
+        if not starting.cancelled() and starting.exception() is None:
+            log.info("decode_worker_up")
+
+    def read(self, records: list[Record]) -> asyncio.Future[Decoded] | None:
+        """Start reading the decision events among ``records``; None when they are too few
+        to be worth the round trip (the loop then reads them as it checks them)."""
+        wanted = [r for r in records if r.topic in self.topics]
+        if len(wanted) < READ_AHEAD_RECORDS:
+            return None
+        self.start()
+        if self._link is None or self._starting is None:
+            return None
+        return asyncio.ensure_future(self._decoded(wanted, self._link, self._starting))
+
+    async def _decoded(
+        self, records: list[Record], link: Link, starting: asyncio.Future
+    ) -> Decoded:
+        try:
+            await starting
+            envelopes = await link.ask([r.value for r in records])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the process died, or could not take the batch
+            if link is self._link:  # its other batches fail alike: report it once
+                self._report(e)
+                self.close()
+            return Decoded()
+        self.metrics.decode_worker_events.inc(len(envelopes.read))
+        return Decoded(read_decisions(records, envelopes))
+
+    def _report(self, error: BaseException) -> None:
+        log.warning("decode_worker_failed", error=repr(error))
+        self.metrics.decode_worker_failures.inc()
+
+    def close(self) -> None:
+        """Stop the worker (a batch under way is read in the loop instead)."""
+        if self._link is not None:
+            self._link.close()
+        self._link = self._starting = None

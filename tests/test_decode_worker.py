@@ -1,0 +1,121 @@
+"""A batch read ahead (typed envelopes, the inputs as one matrix, in the decode worker) gives
+exactly what ``decode_decision`` gives record by record: the same decisions with the same
+numbers, the same dead letters; a worker process that dies costs a batch read in the loop,
+not a decision."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.test_decode_fast_path import events, texts, typed, valid
+from vigil.connectors.events import (
+    BadEvent,
+    Record,
+    decode_decision,
+    read_decisions,
+    read_envelopes,
+)
+from vigil.daemon.decoding import READ_AHEAD_RECORDS, Decoded, DecodeWorker
+from vigil.daemon.metrics import Metrics
+
+
+def outcome(decode, record: Record) -> tuple:
+    try:
+        d = decode(record)
+    except BadEvent as e:
+        return ("bad", e.reason, str(e))
+    x = d.x.tolist() if isinstance(d.x, np.ndarray) else d.x
+    return ("ok", d.record is record, typed(d.id), d.model, typed(x), typed(d.y), d.event)
+
+
+def read_ahead(records: list[Record]) -> Decoded:
+    return Decoded(read_decisions(records, read_envelopes([r.value for r in records])))
+
+
+values = st.one_of(
+    events().map(lambda e: json.dumps(e).encode()),
+    valid.map(lambda e: json.dumps(e).encode()),
+    texts,
+    st.none(),  # a tombstone
+    st.binary(max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(values, max_size=12))
+def test_a_batch_read_ahead_gives_what_each_record_gives(batch):
+    records = [Record("t", 0, i, v) for i, v in enumerate(batch)]
+    decoded = read_ahead(records)
+    for r in records:
+        assert outcome(decoded.decision, r) == outcome(decode_decision, r)
+
+
+def test_the_envelopes_of_the_most_common_width_are_read_ahead_and_the_rest_left():
+    values = [
+        b'{"id":1,"model":"m","x":[0.1,2],"y":0}',
+        b'{"id":2,"model":"m","x":[0.3],"y":1}',  # another width
+        b'{"id":3,"model":"m","features":{"a":1},"y":1}',
+        b"not json",
+        None,
+        b'{"id":"s","model":"n","x":[1e-300,-0.0],"y":[0.5,0.5]}',
+    ]
+    envelopes = read_envelopes(values)
+    assert envelopes.read == [0, 5]
+    assert envelopes.ids == [1, "s"] and envelopes.models == ["m", "n"]
+    assert envelopes.ys == [0, [0.5, 0.5]]
+    assert envelopes.x.dtype == np.float64
+    assert [v.hex() for v in envelopes.x.ravel()] == [v.hex() for v in (0.1, 2.0, 1e-300, -0.0)]
+    assert read_envelopes([]).x.shape == (0, 0)
+
+
+async def test_the_worker_reads_large_batches_and_a_dead_worker_is_replaced():
+    metrics = Metrics()
+    worker = DecodeWorker({"t"}, metrics)
+    events_ = [
+        json.dumps({"id": i, "model": "m", "x": [i / 7, -i], "y": i % 2}).encode()
+        for i in range(READ_AHEAD_RECORDS)
+    ]
+    records = [Record("t", 0, i, v) for i, v in enumerate([b"{", *events_])]
+    others = [Record("u", 0, i, v) for i, v in enumerate(events_)]  # no rule reads them
+    try:
+        assert worker.read(records[:10]) is None  # too few to be worth the round trip
+        assert worker.read(others) is None
+        decoded = await worker.read(records)  # waits for the worker to start
+        for r in records:
+            assert outcome(decoded.decision, r) == outcome(decode_decision, r)
+        assert isinstance(decoded.decision(records[1]).x, np.ndarray)  # read in the worker
+        assert metrics.decode_worker_events._value.get() == READ_AHEAD_RECORDS
+
+        os.kill(worker._link.process.pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        decoded = await worker.read(records)
+        assert metrics.decode_worker_failures._value.get() == 1
+        for r in records:  # read in the loop instead
+            assert outcome(decoded.decision, r) == outcome(decode_decision, r)
+        assert not isinstance(decoded.decision(records[1]).x, np.ndarray)
+        decoded = await worker.read(records)  # by another worker
+        assert isinstance(decoded.decision(records[1]).x, np.ndarray)
+        assert metrics.decode_worker_events._value.get() == 2 * READ_AHEAD_RECORDS
+    finally:
+        worker.close()
+
+
+async def test_a_worker_that_cannot_start_is_reported_and_the_loop_reads():
+    def refusing():
+        raise OSError("fork: Resource temporarily unavailable")
+
+    metrics = Metrics()
+    worker = DecodeWorker({"t"}, metrics, refusing)
+    value = b'{"id":1,"model":"m","x":[1,2],"y":0}'
+    records = [Record("t", 0, i, value) for i in range(READ_AHEAD_RECORDS)]
+    worker.start()
+    assert metrics.decode_worker_failures._value.get() == 1
+    assert worker.read(records) is None  # tried again, and read in the loop
+    assert metrics.decode_worker_failures._value.get() == 2
