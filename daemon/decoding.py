@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import pickle
 import signal
+import socket
+import struct
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
+from typing import Any
 
 import structlog
 
@@ -50,17 +53,20 @@ class Decoded:
 
 
 class Link:
-    """A worker process and the pipe to it (no semaphores: a daemon killed with SIGKILL leaves
-    nothing for the resource tracker to report). One thread of the daemon sends each batch
-    and waits for the answer, so the event loop never blocks on the pipe."""
+    """A worker process and a socket pair to it (no semaphores: a daemon killed with SIGKILL
+    leaves nothing for the resource tracker to report). One thread of the daemon sends each
+    batch and waits for the answer, so the event loop never blocks on the socket; each
+    message moves in one blocking call, so that thread takes the interpreter's lock twice a
+    batch, not once per socket buffer (it waits up to the switch interval, 5 ms, each time
+    the loop is busy checking)."""
 
     def __init__(self) -> None:
-        ours, theirs = multiprocessing.Pipe()
+        ours, theirs = socket.socketpair()
         spawn = multiprocessing.get_context("spawn")  # no fork of the loop and client threads
         self.process = spawn.Process(target=serve, args=(theirs,), name="vigil-decode", daemon=True)
         self.process.start()
         theirs.close()
-        self.conn = ours
+        self.sock = ours
         self._io = ThreadPoolExecutor(1, thread_name_prefix="vigil-decode")
 
     def ask(self, values: list[bytes | None]) -> asyncio.Future[Envelopes]:
@@ -68,28 +74,53 @@ class Link:
         return asyncio.get_running_loop().run_in_executor(self._io, self._round_trip, values)
 
     def _round_trip(self, values: list[bytes | None]) -> Envelopes:
-        self.conn.send(values)
-        return self.conn.recv()
+        send(self.sock, values)
+        return receive(self.sock)
 
     def close(self) -> None:
-        """Stop the process; a batch under way fails (its thread sees the pipe close)."""
+        """Stop the process; a batch under way fails (its thread sees the socket close)."""
         self.process.kill()
-        self._io.submit(self.conn.close)
+        self._io.submit(self.sock.close)
         self._io.shutdown(wait=False)
 
 
-def serve(conn: Connection) -> None:
+_LENGTH = struct.Struct("!Q")
+
+
+def send(sock: socket.socket, message: object) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def receive(sock: socket.socket) -> Any:
+    """The next message; ``EOFError`` once the other end is closed."""
+    (size,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
+    return pickle.loads(_exactly(sock, size))
+
+
+def _exactly(sock: socket.socket, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:  # one call, unless a signal interrupts it
+        n = sock.recv_into(view[got:], size - got, socket.MSG_WAITALL)
+        if n == 0:
+            raise EOFError("the other end of the socket is closed")
+        got += n
+    return buffer
+
+
+def serve(sock: socket.socket) -> None:
     """The worker process: answer each batch of values with its envelopes until the daemon
-    closes its end of the pipe or dies. Signals to the daemon's process group (Ctrl-C, a
+    closes its end of the socket or dies. Signals to the daemon's process group (Ctrl-C, a
     service manager's stop) are left to the daemon, which ends the worker itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         try:
-            values = conn.recv()
+            values = receive(sock)
         except EOFError:
             return
-        conn.send(read_envelopes(values))
+        send(sock, read_envelopes(values))
 
 
 class DecodeWorker:
