@@ -127,15 +127,21 @@ class DecodeWorker:
     """One worker process reading large batches' decision events ahead of the loop.
 
     ``start`` starts the process (a backlog is often waiting when the daemon starts); the
-    first batch waits for it to be up. A worker that fails is stopped, its batches are read
-    in the loop, and the next large batch starts another."""
+    first batch waits for it to be up. A worker that fails, or takes more than
+    ``timeout_seconds`` to start or to answer, is stopped, its batches are read in the loop,
+    and the next large batch starts another."""
 
     def __init__(
-        self, topics: Iterable[str], metrics: Metrics, new_link: Callable[[], Link] = Link
+        self,
+        topics: Iterable[str],
+        metrics: Metrics,
+        new_link: Callable[[], Link] = Link,
+        timeout_seconds: float = 60.0,
     ) -> None:
         self.topics = frozenset(topics)
         self.metrics = metrics
         self.new_link = new_link
+        self.timeout_seconds = timeout_seconds
         self._link: Link | None = None
         self._starting: asyncio.Future | None = None
 
@@ -171,11 +177,12 @@ class DecodeWorker:
         self, records: list[Record], link: Link, starting: asyncio.Future
     ) -> Decoded:
         try:
-            await starting
-            envelopes = await link.ask([r.value for r in records])
+            async with asyncio.timeout(self.timeout_seconds):
+                await asyncio.shield(starting)  # shared by the batches that wait for it
+                envelopes = await link.ask([r.value for r in records])
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # the process died, or could not take the batch
+        except Exception as e:  # the process died, hung, or could not take the batch
             if link is self._link:  # its other batches fail alike: report it once
                 self._report(e)
                 self.close()

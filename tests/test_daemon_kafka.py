@@ -149,20 +149,35 @@ BAD = [
 ]
 
 
-async def test_bad_input_goes_to_dead_letters_and_metrics_move(kafka_bootstrap, tmp_path, compas):
-    x, y = compas
-    x, y = x[:800], y[:800]
-    daemon = Daemon(kafka_bootstrap, tmp_path, exactly_once=False)
-    expected = expected_alerts(x, y, daemon.eps)
-    good = decision_events(x, y, "compas")
+def with_bad_events(good: list[bytes]) -> tuple[list[bytes], dict[int, str | None]]:
+    """``good`` with one of ``BAD`` after every 70th event, and each bad event's offset with
+    the reason its dead letter must give (None: undecodable or non_finite)."""
     stream, bad_at = [], {}
-    rng = random.Random(5)
     for i, event in enumerate(good):
         stream.append(event)
         if i % 70 == 35:
             value, reason = BAD[len(bad_at) % len(BAD)]
             bad_at[len(stream)] = reason
             stream.append(value)
+    return stream, bad_at
+
+
+def assert_dead_letters(dead: list[dict], bad_at: dict[int, str | None]) -> None:
+    assert sorted(d["source"]["offset"] for d in dead) == sorted(bad_at)
+    for d in dead:
+        want = bad_at[d["source"]["offset"]]
+        assert d["reason"] == want or (
+            want is None and d["reason"] in ("undecodable", "non_finite")
+        )
+
+
+async def test_bad_input_goes_to_dead_letters_and_metrics_move(kafka_bootstrap, tmp_path, compas):
+    x, y = compas
+    x, y = x[:800], y[:800]
+    daemon = Daemon(kafka_bootstrap, tmp_path, exactly_once=False)
+    expected = expected_alerts(x, y, daemon.eps)
+    stream, bad_at = with_bad_events(decision_events(x, y, "compas"))
+    rng = random.Random(5)
     await produce(kafka_bootstrap, daemon.topic, stream)
     daemon.start()
     try:
@@ -171,12 +186,8 @@ async def test_bad_input_goes_to_dead_letters_and_metrics_move(kafka_bootstrap, 
         alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, len(expected), 60)
         assert daemon.proc.poll() is None, "the daemon stopped on bad input"
         assert witness_map(alerts) == expected
-        assert sorted(d["source"]["offset"] for d in dead) == sorted(bad_at)
+        assert_dead_letters(dead, bad_at)
         for d in dead:
-            want = bad_at[d["source"]["offset"]]
-            assert d["reason"] == want or (
-                want is None and d["reason"] in ("undecodable", "non_finite")
-            )
             assert d["error"] and d["source"]["topic"] == daemon.topic
             assert "payload" in d or "payload_base64" in d
         await wait_http(daemon.port, "/readyz")
@@ -232,25 +243,14 @@ async def test_a_backlog_read_in_the_decode_worker_gives_every_alert_and_dead_le
     x, y = compas
     daemon = Daemon(kafka_bootstrap, tmp_path, exactly_once=True, kafka_settings="max_batch = 1000")
     expected = expected_alerts(x, y, daemon.eps)
-    stream, bad_at = [], {}
-    for i, event in enumerate(decision_events(x, y, "compas")):
-        stream.append(event)
-        if i % 70 == 35:
-            value, reason = BAD[len(bad_at) % len(BAD)]
-            bad_at[len(stream)] = reason
-            stream.append(value)
+    stream, bad_at = with_bad_events(decision_events(x, y, "compas"))
     await produce(kafka_bootstrap, daemon.topic, stream)
     daemon.start()
     try:
         dead = await consume_all(kafka_bootstrap, daemon.dead_topic, len(bad_at), 120)
         alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, len(expected), 60)
         assert witness_map(alerts) == expected
-        assert sorted(d["source"]["offset"] for d in dead) == sorted(bad_at)
-        for d in dead:
-            want = bad_at[d["source"]["offset"]]
-            assert d["reason"] == want or (
-                want is None and d["reason"] in ("undecodable", "non_finite")
-            )
+        assert_dead_letters(dead, bad_at)
         body = await wait_http(daemon.port, "/metrics")
         read = re.search(r"vigil_decode_worker_events_total ([0-9.e+]+)", body)
         # the first three batches' decisions, twice if the first fetch straddled the

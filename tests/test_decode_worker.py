@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import given, settings
@@ -119,3 +120,35 @@ async def test_a_worker_that_cannot_start_is_reported_and_the_loop_reads():
     assert metrics.decode_worker_failures._value.get() == 1
     assert worker.read(records) is None  # tried again, and read in the loop
     assert metrics.decode_worker_failures._value.get() == 2
+
+
+class _Silent:
+    """A worker that never answers."""
+
+    def __init__(self) -> None:
+        self.process = SimpleNamespace(pid=0)
+        self.closed = False
+
+    def ask(self, values: list) -> asyncio.Future:
+        return asyncio.get_running_loop().create_future()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_worker_that_does_not_answer_is_stopped_and_the_loop_reads():
+    links: list[_Silent] = []
+
+    def silent() -> _Silent:
+        links.append(_Silent())
+        return links[-1]
+
+    metrics = Metrics()
+    worker = DecodeWorker({"t"}, metrics, silent, timeout_seconds=0.2)
+    value = b'{"id":1,"model":"m","x":[1,2],"y":0}'
+    records = [Record("t", 0, i, value) for i in range(READ_AHEAD_RECORDS)]
+    decoded = await worker.read(records)
+    assert isinstance(decoded.decision(records[0]).x, list)  # read in the loop
+    assert metrics.decode_worker_failures._value.get() == 1 and links[0].closed
+    worker.read(records).cancel()
+    assert len(links) == 2  # the next large batch starts another
