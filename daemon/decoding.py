@@ -165,6 +165,8 @@ class DecodeWorker:
     def read(self, records: list[Record]) -> asyncio.Future[Decoded] | None:
         """Start reading the decision events among ``records``; None when they are too few
         to be worth the round trip (the loop then reads them as it checks them)."""
+        if len(records) < READ_AHEAD_RECORDS:  # live traffic: no pass over its records
+            return None
         wanted = [r for r in records if r.topic in self.topics]
         if len(wanted) < READ_AHEAD_RECORDS:
             return None

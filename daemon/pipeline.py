@@ -295,18 +295,19 @@ class Pipeline:
             await self.deliver_completed()
             return False
         began = dict(self._seeks)
-        held, self._held = self._held, None
+        held = self._held
         # with a batch held, take only what is buffered: it is checked right after
         timeout = 0 if held else self.settings.fetch_timeout_ms
         records = await _unless_stopped(self.source.fetch(self.settings.max_batch, timeout), stop)
         if stop.is_set():
-            if held:
-                held[2].cancel()
-            return False
+            return False  # run() lets a held batch go
         if self.fatal is not None:  # found by an assignment during the fetch
             raise self.fatal
+        self._held = None
         fetched = (began, dict(self._seeks))
-        reading = self.reader.read(records) if records and self.reader else None
+        # a batch sought during its fetch is dropped unread: not worth a worker's reading
+        ahead = records and self.reader is not None and began == fetched[1]
+        reading = self.reader.read(records) if ahead else None
         if reading is not None:  # checked after the next fetch; the worker reads it meanwhile
             self._held = (records, fetched, reading)
         if held:
