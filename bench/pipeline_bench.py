@@ -1,7 +1,8 @@
 """End-to-end daemon throughput and latency through a real Kafka broker.
 
     bash ops/kafka/dev-kafka.sh start
-    python bench/pipeline_bench.py [--bootstrap 127.0.0.1:9092] [--n 46033] [--rate 10000]
+    python bench/pipeline_bench.py [--bootstrap 127.0.0.1:9092] [--n 200000] [--rate 10000]
+        [--repeats 3]
 
 For each delivery mode (at-least-once, exactly-once; with ``:loop``, the decode worker off,
 so that the loop reads every event: the baseline of daemon/decoding.py), in one run:
@@ -291,16 +292,31 @@ def time_arrivals(bootstrap: str, topic: str, ident: tuple, ready, stop, out) ->
 async def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
-    p.add_argument("--n", type=int, default=46_033)
+    p.add_argument(
+        "--n",
+        type=int,
+        default=200_000,
+        help="decisions drained (the adult stream repeated, shifted): 40 full batches, so that "
+        "one slow batch or a poll's timing moves the rate by a few per cent, not tens",
+    )
     p.add_argument("--rate", type=int, default=10_000, help="decisions/s in the latency phase")
     p.add_argument("--latency-seconds", type=int, default=4)
     p.add_argument(
         "--modes",
-        default="at-least-once:loop,at-least-once,exactly-once",
-        help="comma-separated; ':loop' reads every event in the loop (decode worker off)",
+        default="at-least-once,exactly-once,at-least-once:loop",
+        help="comma-separated, the first the reference of the ratios; ':loop' reads every "
+        "event in the loop (decode worker off)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of every mode, the order rotated each time (this machine's speed drifts "
+        "over minutes): medians and each repeat's ratios to the first mode are printed",
     )
     args = p.parse_args()
     x, y, name = stream(args.n)
+    modes = args.modes.split(",")
     print(
         f"stream: {name}, {len(x)} decisions, {x.shape[1]} features; rule: i.o.r. linf "
         f"eps 0.04 auto; latency phase {args.rate}/s for {args.latency_seconds} s"
@@ -314,14 +330,40 @@ async def main() -> int:
         f"{'broker alone':<20}{'':>12}{'':>11}{'':>6}{floor['p50_ms']:>9.1f}{floor['p99_ms']:>9.1f}"
         f"{floor['alerts_timed']:>14}{'':>14}"
     )
-    for mode in args.modes.split(","):
-        r = await run_mode(args, mode, x, y)
-        print(
-            f"{r['mode']:<20}{r['per_second']:>12.0f}{r['cpu_us']:>11.1f}{r['collections']:>6.0f}"
-            f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
-            f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}{r['workers_rss_mib']:>12.0f}"
-        )
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for repeat in range(args.repeats):
+        for mode in modes[repeat % len(modes) :] + modes[: repeat % len(modes)]:
+            r = await run_mode(args, mode, x, y)
+            runs[mode].append(r)
+            print(
+                f"{r['mode']:<20}{r['per_second']:>12.0f}{r['cpu_us']:>11.1f}"
+                f"{r['collections']:>6.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
+                f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}{r['workers_rss_mib']:>12.0f}",
+                flush=True,
+            )
+    if args.repeats > 1:
+        summarize(runs, modes)
     return 0
+
+
+def summarize(runs: dict[str, list[dict]], modes: list[str]) -> None:
+    """Each mode's medians over the repeats, and its decisions/s as a ratio of the first
+    mode's in the same repeat (runs minutes apart compare poorly on a drifting machine)."""
+    print(f"medians over {len(runs[modes[0]])} repeats:")
+    for mode in modes:
+        rs = runs[mode]
+        med = {k: statistics.median(r[k] for r in rs) for k in ("per_second", "cpu_us", "p99_ms")}
+        line = (
+            f"  {mode:<20}{med['per_second']:>10.0f}/s{med['cpu_us']:>7.1f} us/dec"
+            f"  p99 {med['p99_ms']:.1f} ms (max {max(r['p99_ms'] for r in rs):.1f})"
+        )
+        if mode != modes[0]:
+            base = runs[modes[0]]
+            ratios = [r["per_second"] / b["per_second"] for r, b in zip(rs, base, strict=True)]
+            line += f"  /{modes[0]}: median {statistics.median(ratios):.2f}, each " + " ".join(
+                f"{q:.2f}" for q in ratios
+            )
+        print(line)
 
 
 if __name__ == "__main__":
