@@ -133,15 +133,9 @@ def read_envelopes(values: list[bytes | None]) -> Envelopes:
     batch's most common length; the others are left to ``decode_decision``. One pass over
     the values, the inputs copied once into the matrix: this is the decode worker's whole
     job, and at 100,000 decisions/s it can be the pipeline's slower half."""
-    decode, read, envelopes = _ENVELOPE.decode, [], []
+    read, envelopes = [], []
     for i, value in enumerate(values):
-        if value is None:
-            continue
-        try:
-            e = decode(value)
-        except msgspec.MsgspecError:
-            continue
-        if e.features is msgspec.UNSET:
+        if value is not None and (e := _common(value)) is not None:
             read.append(i)
             envelopes.append(e)
     lengths = [len(e.x) for e in envelopes]
