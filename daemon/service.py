@@ -139,8 +139,8 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         )
         sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security)
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms
-        if k.decode_worker:
-            topics = {t for r in rules for t in r.topics if r.wants_decisions(t)}
+        topics = {t for r in rules for t in r.topics if r.wants_decisions(t)}
+        if k.decode_worker and topics:  # a serving stack's rules read no decision events
             reader = DecodeWorker(topics, metrics)
         broker = BrokerWatch(
             BrokerProbe(k.bootstrap_servers, security, k.client_id), metrics, k.bootstrap_servers

@@ -89,3 +89,15 @@ def test_the_documented_serving_configs_are_valid():
         data = tomllib.loads(block)
         parsed = parse_config({"kafka": KAFKA, **data})
         assert parsed.rules[0].format in ("seldon", "kserve")
+
+
+async def test_the_decode_worker_is_started_only_for_rules_that_read_decision_events(tmp_path):
+    """A serving stack's rules read requests and responses, never decision events: no
+    worker process is started for them."""
+    from vigil.daemon.metrics import Metrics
+    from vigil.daemon.service import build_pipeline
+
+    state = {"state": {"dir": str(tmp_path)}}
+    for rule, reads in (({"format": "seldon"}, False), ({"topic": "decisions"}, True)):
+        pipeline = build_pipeline(parse_config(config(rule, **state)), Metrics())
+        assert (pipeline.reader is not None) == reads
