@@ -92,8 +92,9 @@ async def drain(port: int, pid: int, rule: str, n: int) -> tuple[float, float]:
 
 async def run(args, fmt: str, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        daemon = Daemon(args.bootstrap, Path(tmp), snapshot_every_events=10**9)
-        if fmt == "vigil":
+        loop = "decode_worker = false" if fmt == "vigil:loop" else ""
+        daemon = Daemon(args.bootstrap, Path(tmp), snapshot_every_events=10**9, kafka_settings=loop)
+        if fmt.startswith("vigil"):
             rule = "compas-fairness"
             await produce_all(args.bootstrap, daemon.topic, events(x, y))
         else:
@@ -115,7 +116,8 @@ async def main() -> int:
     p.add_argument(
         "--formats",
         default="vigil,seldon:1,seldon:32",
-        help="comma-separated: vigil, seldon:<rows per request> (default: %(default)s)",
+        help="comma-separated: vigil, vigil:loop (the decode worker off), seldon:<rows per "
+        "request> (default: %(default)s)",
     )
     args = p.parse_args()
     x, y, name = stream(args.n)
