@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import (
     InconsistentGroupProtocolError,
@@ -17,6 +18,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
+    MessageSizeTooLargeError,
     ProducerFenced,
     TopicAlreadyExistsError,
     for_code,
@@ -26,6 +28,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from vigil.connectors.assignor import CoPartitioned
 from vigil.connectors.base import AssignCallback, Offsets, OutMessage, TopicPartition
+from vigil.connectors.errors import MessageRefused
 from vigil.connectors.events import Record
 from vigil.connectors.kafka_security import (
     BrokerRejected,
@@ -343,6 +346,10 @@ append wait for a round trip to the broker, so a delivery of thousands took a se
 (bench/serving_bench.py, requests of 32 rows). Below the broker's default record-batch
 limit of 1 MiB."""
 
+MAX_REQUEST_BYTES = 1 << 20
+"""The largest message the producer sends (aiokafka's default); the broker's default limit
+per message is about the same."""
+
 
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
@@ -355,6 +362,7 @@ class KafkaSink:
         client_id: str = "vigil",
         transactional_id: str | None = None,
         security: KafkaSecurity = PLAINTEXT,
+        topics: Iterable[str] = (),
     ) -> None:
         self.commits_offsets = transactional_id is not None
         self._group_id = group_id
@@ -362,11 +370,13 @@ class KafkaSink:
         self._security = security
         self._client_id = client_id
         self._transactional_id = transactional_id
+        self._topics = sorted(set(topics))
+        self._limits: dict[str, int] = {}
         self._backoff_ms = 100
         if transactional_id is not None:
             self._backoff_ms = TRANSACTION_RETRY_BACKOFF_MS
             _retry_transactions_after(self._backoff_ms)
-        self._producer = self._new_producer()
+        self._producer: AIOKafkaProducer | None = None
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -377,31 +387,39 @@ class KafkaSink:
             acks="all",
             transactional_id=self._transactional_id,
             linger_ms=LINGER_MS,
-            max_batch_size=BATCH_BYTES,
+            # aiokafka sends a batch the broker refused for its size as one, never split
+            max_batch_size=min([BATCH_BYTES, *self._limits.values()]),
+            max_request_size=MAX_REQUEST_BYTES,
             retry_backoff_ms=self._backoff_ms,
         )
 
     async def start(self) -> None:
-        """Start the producer; after a failed start, this may be called again."""
-        try:
-            await start_client(self._producer, self._servers, self._security)
-        except BaseException:
-            self._producer = self._new_producer()
-            raise
+        """Start a new producer, its batches no larger than the smallest message limit of
+        the topics given (``message_limits``); after a failed start, this may be called
+        again."""
+        if self._topics:
+            self._limits = await message_limits(self._servers, self._topics, self._security)
+        producer = self._new_producer()
+        await start_client(producer, self._servers, self._security)
+        self._producer = producer
 
     async def restart(self, close_timeout: float) -> None:
         """Replace the producer after a failed delivery: the old one is closed (for at most
         ``close_timeout`` seconds; a transaction it left open is aborted by the new one's
         start, which fences it), the new one starts with a fresh epoch."""
-        old, self._producer = self._producer, self._new_producer()
+        old, self._producer = self._producer, None
         try:
             async with asyncio.timeout(close_timeout):
-                await old.stop()
+                if old is not None:
+                    await old.stop()
         except (TimeoutError, KafkaError, OSError):
             pass
         await self.start()
 
     async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
+        """Send ``messages`` (and, exactly-once, commit ``offsets`` in their transaction);
+        ``MessageRefused`` names a message too large for its topic."""
+        assert self._producer is not None, "deliver before start"
         if not self.commits_offsets:
             await self._send_all(messages)
             return
@@ -415,22 +433,88 @@ class KafkaSink:
                 )
 
     async def _send_all(self, messages: list[OutMessage]) -> None:
+        assert self._producer is not None
         send = self._producer.send
-        futures = [
-            await send(
-                m.topic,
-                m.value,
-                key=m.key,
-                headers=list(m.headers) if m.headers else None,  # the record builder takes lists
-                timestamp_ms=m.timestamp_ms,
-            )
-            for m in messages
-        ]
-        if futures:
-            await asyncio.gather(*futures)
+        futures: list[asyncio.Future] = []
+        try:
+            for m in messages:
+                futures.append(
+                    await send(
+                        m.topic,
+                        m.value,
+                        key=m.key,
+                        headers=list(m.headers) if m.headers else None,  # the builder takes lists
+                        timestamp_ms=m.timestamp_ms,
+                    )
+                )
+            if futures:
+                await asyncio.gather(*futures)
+        except MessageSizeTooLargeError as e:
+            raise _refused(messages, futures, self._limits) from e
 
     async def stop(self) -> None:
         await self._producer.stop()
+
+
+def _refused(
+    messages: list[OutMessage], futures: list[asyncio.Future], limits: dict[str, int]
+) -> MessageRefused:
+    """Name the largest message refused for its size (the broker refuses a whole batch),
+    or the one the client refused before sending it."""
+    failed = [
+        m
+        for m, f in zip(messages, futures, strict=False)
+        if f.done() and not f.cancelled() and isinstance(f.exception(), MessageSizeTooLargeError)
+    ]
+    m = max(failed, key=_size) if failed else messages[len(futures)]
+    if not failed:
+        return MessageRefused(
+            f"a message of {_size(m):,} bytes for topic {m.topic!r} is over the producer's "
+            f"request limit of {MAX_REQUEST_BYTES:,} bytes"
+        )
+    limit = f" (its limit: {limits[m.topic]:,})" if m.topic in limits else ""
+    return MessageRefused(
+        f"topic {m.topic!r} refused a message of {_size(m):,} bytes as too large{limit}: "
+        "raise the topic's max.message.bytes above it"
+    )
+
+
+def _size(m: OutMessage) -> int:
+    return len(m.value) + len(m.key or b"") + sum(len(k) + len(v) for k, v in m.headers)
+
+
+async def message_limits(
+    servers: str, topics: list[str], security: KafkaSecurity = PLAINTEXT
+) -> dict[str, int]:
+    """The largest record batch each of ``topics`` takes (``max.message.bytes``); a topic
+    not created yet takes the broker's default (``message.max.bytes``). A limit the
+    client may not read (no DescribeConfigs right) is left out."""
+    async with admin_client(servers, security) as admin:
+        existing = await partition_counts(admin)
+        broker = (await admin.describe_cluster())["brokers"][0]["node_id"]
+        resources = [
+            ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
+            for t in topics
+            if t in existing
+        ]
+        resources.append(
+            ConfigResource(ConfigResourceType.BROKER, str(broker), {"message.max.bytes": None})
+        )
+        responses = await admin.describe_configs(resources)
+    found: dict[tuple[int, str], int] = {}
+    for response in responses:
+        for code, _, kind, name, entries in response.resources:
+            if code == 0 and entries:
+                found[kind, name] = int(entries[0][1])
+    default = found.get((ConfigResourceType.BROKER, str(broker)))
+    limits = {
+        t: found[ConfigResourceType.TOPIC, t]
+        for t in topics
+        if (ConfigResourceType.TOPIC, t) in found
+    }
+    if default is not None:
+        limits.update({t: default for t in topics if t not in existing})
+    return limits
 
 
 async def topic_partitions(

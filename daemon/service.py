@@ -137,7 +137,16 @@ def build_pipeline(config: Config, metrics: Metrics) -> Pipeline:
         transactional_id = (
             k.instance_transactional_id(socket.gethostname()) if k.exactly_once else None
         )
-        sink = KafkaSink(k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security)
+        written = [
+            out.alerts_topic,
+            out.dead_letter_topic,
+            out.verifications_topic,
+            out.certifications_topic,
+            *internal_topics(config),
+        ]
+        sink = KafkaSink(
+            k.bootstrap_servers, k.group_id, k.client_id, transactional_id, security, written
+        )
         max_batch, timeout = k.max_batch, k.fetch_timeout_ms
         topics = {t for r in rules for t in r.topics if r.wants_decisions(t)}
         if k.decode_worker and topics:  # a serving stack's rules read no decision events

@@ -253,12 +253,14 @@ def metric_samples(body: str) -> list[Sample]:
     return [s for family in text_string_to_metric_families(body) for s in family.samples]
 
 
-async def create_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
-    """Create ``topic`` (replication factor 1, the dev broker's)."""
+async def create_topic(
+    bootstrap: str, topic: str, partitions: int = 1, configs: dict[str, str] | None = None
+) -> None:
+    """Create ``topic`` (replication factor 1, the dev broker's) with topic ``configs``."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
+        await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=configs or {})])
     finally:
         await admin.close()
 

@@ -312,3 +312,36 @@ async def test_rebalance_moves_a_partition_and_its_series(kafka_bootstrap, tmp_p
     finally:
         first.kill()
         second.kill()
+
+
+async def test_alerts_fit_an_alerts_topic_with_a_small_message_limit_or_stop_the_daemon_clearly(
+    kafka_bootstrap, tmp_path, compas
+):
+    # a topic's max.message.bytes bounds a whole record batch: every alert fits a 4,000-byte
+    # limit, a delivery's batch would not
+    x, y = compas
+    fits = Daemon(kafka_bootstrap, tmp_path / "fits", exactly_once=True)
+    (tmp_path / "fits").mkdir()
+    expected = expected_alerts(x, y, fits.eps)
+    await create_topic(kafka_bootstrap, fits.alerts_topic, configs={"max.message.bytes": "4000"})
+    await produce(kafka_bootstrap, fits.topic, decision_events(x, y, "compas"))
+    fits.start()
+    try:
+        alerts = await consume_all(kafka_bootstrap, fits.alerts_topic, len(expected), 120)
+        assert witness_map(alerts) == expected
+        assert fits.running(), fits.log_text()
+    finally:
+        fits.kill()
+
+    # no alert fits 200 bytes: the daemon stops, naming the topic, and commits nothing
+    small = Daemon(kafka_bootstrap, tmp_path / "small", exactly_once=True)
+    (tmp_path / "small").mkdir()
+    await create_topic(kafka_bootstrap, small.alerts_topic, configs={"max.message.bytes": "200"})
+    await produce(kafka_bootstrap, small.topic, decision_events(x, y, "compas"))
+    small.start()
+    try:
+        assert small.wait(timeout=60) != 0
+    finally:
+        small.kill()
+    assert f"topic '{small.alerts_topic}' refused a message of" in small.log_text()
+    assert await consume_all(kafka_bootstrap, small.alerts_topic, 0, 5) == []

@@ -9,6 +9,7 @@ import asyncio
 import uuid
 from types import SimpleNamespace
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import ConcurrentTransactions
@@ -18,6 +19,7 @@ from aiokafka.structs import TopicPartition
 from tests.daemon_harness import consume_all, create_topic, produce
 from vigil.connectors import kafka as kafka_connector
 from vigil.connectors.base import OutMessage
+from vigil.connectors.errors import MessageRefused
 from vigil.connectors.kafka import (
     PLAINTEXT,
     TRANSACTION_RETRY_BACKOFF_MS,
@@ -91,7 +93,7 @@ async def test_the_partition_fetch_size_bounds_what_one_fetch_brings(kafka_boots
 async def test_a_refused_transaction_is_asked_again_after_the_sinks_backoff():
     assert TRANSACTION_RETRY_BACKOFF_MS < 20  # below aiokafka's fixed wait for a partition
     sink = KafkaSink("127.0.0.1:1", "group", transactional_id="vigil-test")
-    sender = sink._producer._sender
+    sender = sink._new_producer()._sender
     expected = TRANSACTION_RETRY_BACKOFF_MS / 1000
     # a batch with alerts: the first partition of the transaction is refused
     partitions = AddPartitionsToTxnHandler(sender, [TopicPartition("alerts", 0)])
@@ -185,3 +187,51 @@ async def test_a_client_whose_start_failed_starts_again(kafka_bootstrap, monkeyp
         finally:
             await source.stop()
         assert [r.value for r in records] == [b"one"]
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+@pytest.mark.parametrize("limit", ["topic", "client"])
+async def test_a_message_refused_for_its_size_names_its_topic_and_size(
+    kafka_bootstrap, exactly_once, limit
+):
+    topic = f"small-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic, configs={"max.message.bytes": "2000"})
+    size = 5000 if limit == "topic" else kafka_connector.MAX_REQUEST_BYTES + 1
+    txn = f"refused-{topic}" if exactly_once else None
+    sink = KafkaSink(kafka_bootstrap, "g", transactional_id=txn, topics=[topic])
+    await sink.start()
+    try:
+        fits = OutMessage(topic, b"k", b'{"fits": 1}')
+        with pytest.raises(MessageRefused) as refused:
+            async with asyncio.timeout(30):
+                await sink.deliver([fits, OutMessage(topic, b"k", b"x" * (size - 1))], {})
+        assert f"topic {topic!r}" in str(refused.value)
+        assert f"{size:,} bytes" in str(refused.value)
+    finally:
+        await sink.stop()
+    # exactly-once: the refused delivery's transaction is aborted whole
+    want = [] if exactly_once else [{"fits": 1}]
+    assert await consume_all(kafka_bootstrap, topic, len(want), 10) == want
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+async def test_a_delivery_larger_than_its_topics_message_limit_is_sent_in_batches_that_fit(
+    kafka_bootstrap, exactly_once
+):
+    # the broker refuses a record batch over the topic's max.message.bytes whole, and
+    # aiokafka does not split it: the sink must make batches that fit
+    small, unknown = f"small-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, small, configs={"max.message.bytes": "2000"})
+    limits = await kafka_connector.message_limits(kafka_bootstrap, [small, unknown])
+    assert limits[small] == 2000
+    assert limits[unknown] > 2000  # the broker's default, for a topic created on first use
+    txn = f"batches-{small}" if exactly_once else None
+    sink = KafkaSink(kafka_bootstrap, "g", transactional_id=txn, topics=[small, unknown])
+    await sink.start()
+    values = [{"i": i, "pad": "x" * 100} for i in range(200)]
+    try:
+        async with asyncio.timeout(30):
+            await sink.deliver([OutMessage(small, b"k", orjson.dumps(v)) for v in values], {})
+    finally:
+        await sink.stop()
+    assert await consume_all(kafka_bootstrap, small, len(values), 30) == values
