@@ -13,14 +13,12 @@ decisions and dead letters do not depend on where a batch was read.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-import pickle
-import signal
+import os
 import socket
-import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import structlog
 
@@ -30,8 +28,8 @@ from vigil.connectors.events import (
     Record,
     decode_decision,
     read_decisions,
-    read_envelopes,
 )
+from vigil.daemon.decode_process import receive, send
 from vigil.daemon.metrics import Metrics
 
 log = structlog.get_logger("vigil.decoding")
@@ -52,6 +50,11 @@ class Decoded:
         return decode_decision(record) if d is None else d
 
 
+_ONE_BLAS_THREAD = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+"""The worker multiplies no matrices: numpy's BLAS threads, started at its import, would
+only spin (0.1 s of CPU for each start of the worker on two cores)."""
+
+
 class Link:
     """A worker process and a socket pair to it (no semaphores: a daemon killed with SIGKILL
     leaves nothing for the resource tracker to report). One thread of the daemon sends each
@@ -62,10 +65,17 @@ class Link:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
-        spawn = multiprocessing.get_context("spawn")  # no fork of the loop and client threads
-        self.process = spawn.Process(target=serve, args=(theirs,), name="vigil-decode", daemon=True)
-        self.process.start()
-        theirs.close()
+        try:  # a new interpreter: no fork of the loop and client threads
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "vigil.daemon.decode_process", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                env={**os.environ, **_ONE_BLAS_THREAD},
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self.sock = ours
         self._io = ThreadPoolExecutor(1, thread_name_prefix="vigil-decode")
 
@@ -80,47 +90,9 @@ class Link:
     def close(self) -> None:
         """Stop the process; a batch under way fails (its thread sees the socket close)."""
         self.process.kill()
+        self.process.wait()
         self._io.submit(self.sock.close)
         self._io.shutdown(wait=False)
-
-
-_LENGTH = struct.Struct("!Q")
-
-
-def send(sock: socket.socket, message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def receive(sock: socket.socket) -> Any:
-    """The next message; ``EOFError`` once the other end is closed."""
-    (size,) = _LENGTH.unpack(_exactly(sock, _LENGTH.size))
-    return pickle.loads(_exactly(sock, size))
-
-
-def _exactly(sock: socket.socket, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
-    while got < size:  # one call, unless a signal interrupts it
-        n = sock.recv_into(view[got:], size - got, socket.MSG_WAITALL)
-        if n == 0:
-            raise EOFError("the other end of the socket is closed")
-        got += n
-    return buffer
-
-
-def serve(sock: socket.socket) -> None:
-    """The worker process: answer each batch of values with its envelopes until the daemon
-    closes its end of the socket or dies. Signals to the daemon's process group (Ctrl-C, a
-    service manager's stop) are left to the daemon, which ends the worker itself."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:
-        try:
-            values = receive(sock)
-        except EOFError:
-            return
-        send(sock, read_envelopes(values))
 
 
 class DecodeWorker:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 
 import structlog
+from threadpoolctl import threadpool_limits
 
 from vigil.connectors.files import JsonLinesSink, JsonLinesSource
 from vigil.connectors.kafka import (
@@ -212,7 +213,9 @@ async def run_daemon(
     pipeline = build_pipeline(config, metrics)
     stop = stop or asyncio.Event()
     deadline = config.shutdown.deadline_seconds
-    with _stop_on_signals(asyncio.get_running_loop(), stop, deadline):
+    # one event loop, one core: BLAS threads would spin after each small product, on the
+    # core that the decode worker, the offload workers and the broker's clients need
+    with _stop_on_signals(asyncio.get_running_loop(), stop, deadline), threadpool_limits(1):
         return await _run(pipeline, config, stop, until_idle, allocator_tuned)
 
 

@@ -1166,3 +1166,40 @@ def test_a_new_group_never_restores_a_snapshot_past_where_it_starts(tmp_path):
     truth = witness_sets(x2, y2, 0.25)
     expected = {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
+
+
+async def test_the_daemon_runs_with_one_blas_thread_and_restores_the_callers(
+    tmp_path, monkeypatch
+):
+    from threadpoolctl import threadpool_info
+
+    from vigil.daemon import service
+
+    def blas_threads() -> set[int]:
+        return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+
+    before = blas_threads()
+    during: list[set[int]] = []
+    real_run = service._run
+
+    async def recording(*args, **kwargs):
+        during.append(blas_threads())
+        return await real_run(*args, **kwargs)
+
+    monkeypatch.setattr(service, "_run", recording)
+    (tmp_path / "d.jsonl").write_bytes(b'{"id": "a", "model": "m", "x": [0, 1], "y": 1}\n')
+    config = parse_config(
+        {
+            "files": {"decisions": str(tmp_path / "d.jsonl")},
+            "outputs": {
+                "alerts_file": str(tmp_path / "alerts.jsonl"),
+                "dead_letter_file": str(tmp_path / "dead.jsonl"),
+            },
+            "metrics": {"enabled": False},
+            "state": {"dir": str(tmp_path / "state")},
+            "rules": [{"name": "r", "kind": "ior", "topic": "decisions", "eps": 0.1}],
+        }
+    )
+    await service.run_daemon(config, until_idle=True)
+    assert during == [{1}]
+    assert blas_threads() == before

@@ -9,6 +9,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,7 +25,7 @@ from vigil.connectors.events import (
     read_decisions,
     read_envelopes,
 )
-from vigil.daemon.decoding import READ_AHEAD_RECORDS, Decoded, DecodeWorker
+from vigil.daemon.decoding import READ_AHEAD_RECORDS, Decoded, DecodeWorker, Link
 from vigil.daemon.metrics import Metrics
 
 
@@ -152,3 +154,22 @@ async def test_a_worker_that_does_not_answer_is_stopped_and_the_loop_reads():
     assert metrics.decode_worker_failures._value.get() == 1 and links[0].closed
     worker.read(records).cancel()
     assert len(links) == 2  # the next large batch starts another
+
+
+def test_the_worker_process_ends_when_the_daemon_closes_its_socket():
+    # as when the daemon dies (even by SIGKILL): the kernel closes its end of the socket
+    link = Link()
+    try:
+        link.sock.close()
+        assert link.process.wait(timeout=30) == 0
+    finally:
+        link.process.kill()
+        link._io.shutdown()
+
+
+def test_the_worker_process_imports_only_what_reading_needs():
+    # its start is CPU that a catch-up pays: no logging, metrics or event loop
+    heavy = {"structlog", "prometheus_client", "asyncio", "aiokafka"}
+    code = f"import sys, vigil.daemon.decode_process; print(sorted({heavy!r} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
