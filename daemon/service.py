@@ -213,8 +213,8 @@ async def run_daemon(
     pipeline = build_pipeline(config, metrics)
     stop = stop or asyncio.Event()
     deadline = config.shutdown.deadline_seconds
-    # one event loop, one core: BLAS threads would spin after each small product, on the
-    # core that the decode worker, the offload workers and the broker's clients need
+    # one event loop, one core, as each worker process has: the parallelism is the
+    # processes', and a BLAS thread pool would contend for the workers' cores
     with _stop_on_signals(asyncio.get_running_loop(), stop, deadline), threadpool_limits(1):
         return await _run(pipeline, config, stop, until_idle, allocator_tuned)
 

@@ -1168,9 +1168,7 @@ def test_a_new_group_never_restores_a_snapshot_past_where_it_starts(tmp_path):
     assert {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts} == expected
 
 
-async def test_the_daemon_runs_with_one_blas_thread_and_restores_the_callers(
-    tmp_path, monkeypatch
-):
+async def test_the_daemon_runs_with_one_blas_thread_and_restores_the_callers(tmp_path, monkeypatch):
     from threadpoolctl import threadpool_info
 
     from vigil.daemon import service
