@@ -56,12 +56,12 @@ only spin (0.1 s of CPU for each start of the worker on two cores)."""
 
 
 class Link:
-    """A worker process and a socket pair to it (no semaphores: a daemon killed with SIGKILL
-    leaves nothing for the resource tracker to report). One thread of the daemon sends each
-    batch and waits for the answer, so the event loop never blocks on the socket; each
-    message moves in one blocking call, so that thread takes the interpreter's lock twice a
-    batch, not once per socket buffer (it waits up to the switch interval, 5 ms, each time
-    the loop is busy checking)."""
+    """A worker process (daemon/decode_process.py) and a socket pair to it: nothing shared
+    but the socket, so a daemon killed with SIGKILL leaves nothing behind. One thread of
+    the daemon sends each batch and waits for the answer, so the event loop never blocks on
+    the socket; each message moves in one blocking call, so that thread takes the
+    interpreter's lock twice a batch, not once per socket buffer (it waits up to the switch
+    interval, 5 ms, each time the loop is busy checking)."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
