@@ -453,7 +453,8 @@ class KafkaSink:
             raise _refused(messages, futures, self._limits) from e
 
     async def stop(self) -> None:
-        await self._producer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
 
 
 def _refused(
