@@ -50,10 +50,9 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         try:
-            values = receive(sock)
-        except EOFError:
+            send(sock, read_envelopes(receive(sock)))
+        except (EOFError, OSError):  # the daemon closed its end, or died mid-batch
             return
-        send(sock, read_envelopes(values))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vigil.connectors.events import BadEvent
@@ -200,8 +200,31 @@ def _rows_outcome(role: str, tensors: list, selection: TensorSelection):
     return [_nan_named(v) for v in value] if isinstance(value, list) else value
 
 
+_T0_BOOLS = b"*\x1b\n\x02t0\x12\x04BOOL\x1a\x02\x03\x03*\x0b\n\t"
+_T1_BOOLS = b"*\x14\n\x02t1\x12\x04BOOL\x1a\x02\x01\x02*\x04\n\x02\x00\x00"
+_HEAD = b'\n\x01m"\x12\n\x0ccontent_type\x12\x02\x1a\x00"\x07\n\x01a\x12\x02\x1a\x00'
+
+
 @settings(max_examples=300, deadline=None)
 @given(stream=streams(), chosen=st.sampled_from([None, "t0", "t1", "t9"]))
+# t1 read as the row; t0's nine booleans (3x3) one byte each, until a byte of 128 or more
+# makes them eight (a shape the parse refuses) or leaves a varint unfinished (corrupt)
+@example(
+    stream=(
+        "request",
+        [_HEAD + _T0_BOOLS + bytes(9) + _T1_BOOLS] * 2
+        + [_HEAD + _T0_BOOLS + b"\x80" + bytes(8) + _T1_BOOLS],
+    ),
+    chosen="t1",
+)
+@example(
+    stream=(
+        "request",
+        [_HEAD + _T0_BOOLS + bytes(9) + _T1_BOOLS] * 2
+        + [_HEAD + _T0_BOOLS + bytes(8) + b"\x80" + _T1_BOOLS],
+    ),
+    chosen="t1",
+)
 def test_a_row_read_by_layout_is_the_row_its_parse_gives(stream, chosen):
     """As the join reads a message: its row by layout when it has one, else its tensors.
     Every row read so is the one row the parsed tensors give under the selection."""

@@ -76,17 +76,23 @@ class Values:
 @dataclass(frozen=True, slots=True)
 class Layout:
     """One message layout: the bytes that must match, where the id lies (valid UTF-8 is
-    all it must be), and the tensors' values."""
+    all it must be), the tensors' values, and where values of one byte each lie (each must
+    be under 128, or the message holds fewer values there than the layout)."""
 
     constant: tuple[tuple[int, bytes], ...]
     text: tuple[tuple[int, int], ...]
     values: tuple[Values, ...]
+    one_byte: tuple[tuple[int, int], ...]
 
     def matches(self, payload: bytes) -> bool:
-        """Whether a message of this layout's size is of it (its values aside)."""
+        """Whether a message of this layout's size is of it: every tensor's values where
+        the layout has them, selected for a row or not."""
         for at, run in self.constant:
             if not payload.startswith(run, at):
                 return False
+        for start, stop in self.one_byte:
+            if not payload[start:stop].isascii():
+                return False  # a value of 128 or more: more bytes than the layout's
         for start, stop in self.text:
             chunk = payload[start:stop]
             if not chunk.isascii():
@@ -103,8 +109,6 @@ class Layout:
         out = []
         for v in self.values:
             if v.one_byte:
-                if not payload[v.start : v.start + v.count].isascii():
-                    return None  # a value of 128 or more: more bytes than the layout's
                 data = np.ndarray(v.shape, _BYTE, payload, v.start).astype(v.dtype)
             else:
                 data = np.ndarray(v.shape, v.dtype, payload, v.start)
@@ -245,7 +249,8 @@ def learn(role: Role, payload: bytes, message: Any, tensors: list[Tensor]) -> La
         at = start + len(field.contents)
     if at < len(payload):
         constant.append((at, payload[at:]))
-    return Layout(tuple(constant), tuple(text), values)
+    one_byte = tuple((v.start, v.start + v.count) for v in values if v.one_byte)
+    return Layout(tuple(constant), tuple(text), values, one_byte)
 
 
 def _fields(role: Role, message: Any, tensors: list[Tensor]) -> list[_Field] | None:

@@ -157,13 +157,11 @@ class RowReader:
     one_byte: bool  # varints of one byte each: read as uint8, all under 128
     kind: Literal["input", "label", "probabilities"]
 
-    def __call__(self, payload: bytes) -> np.ndarray | int | list[float] | None:
-        """The input as a float64 vector, the label as an int, the probabilities as a list;
-        None when a value does not fit the layout (a varint of 128 or more)."""
+    def __call__(self, payload: bytes) -> np.ndarray | int | list[float]:
+        """The input as a float64 vector, the label as an int, the probabilities as a list,
+        from a message its layout ``matches`` (which checks one-byte values are so)."""
         if self.one_byte:
             chunk = payload[self.start : self.start + self.count]
-            if not chunk.isascii():
-                return None
             if self.kind == "label":
                 return chunk[0]
             data = np.frombuffer(chunk, np.uint8)
