@@ -492,22 +492,24 @@ async def message_limits(
     client may not read (no DescribeConfigs right) is left out."""
     async with admin_client(servers, security) as admin:
         existing = await partition_counts(admin)
-        broker = (await admin.describe_cluster())["brokers"][0]["node_id"]
+        brokers = (await admin.describe_cluster())["brokers"]  # none yet: a broker starting
+        broker = str(brokers[0]["node_id"]) if brokers else None
         resources = [
             ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
             for t in topics
             if t in existing
         ]
-        resources.append(
-            ConfigResource(ConfigResourceType.BROKER, str(broker), {"message.max.bytes": None})
-        )
-        responses = await admin.describe_configs(resources)
+        if broker is not None:
+            resources.append(
+                ConfigResource(ConfigResourceType.BROKER, broker, {"message.max.bytes": None})
+            )
+        responses = await admin.describe_configs(resources) if resources else []
     found: dict[tuple[int, str], int] = {}
     for response in responses:
         for code, _, kind, name, entries in response.resources:
             if code == 0 and entries:
                 found[kind, name] = int(entries[0][1])
-    default = found.get((ConfigResourceType.BROKER, str(broker)))
+    default = found.get((ConfigResourceType.BROKER, broker or ""))
     limits = {
         t: found[ConfigResourceType.TOPIC, t]
         for t in topics
