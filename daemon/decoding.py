@@ -65,11 +65,14 @@ class Link:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
-        try:  # a new interpreter: no fork of the loop and client threads
+        # a new interpreter (no fork of the loop and client threads) that imports from
+        # where the daemon does, not from its working directory
+        path = os.pathsep.join(p for p in sys.path if p)
+        try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "vigil.daemon.decode_process", str(theirs.fileno())],
+                [sys.executable, "-P", "-m", "vigil.daemon.decode_process", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
-                env={**os.environ, **_ONE_BLAS_THREAD},
+                env={**os.environ, **_ONE_BLAS_THREAD, "PYTHONPATH": path},
             )
         except BaseException:
             ours.close()

@@ -1177,6 +1177,8 @@ async def test_the_daemon_runs_with_one_blas_thread_and_restores_the_callers(tmp
         return {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
 
     before = blas_threads()
+    if before == {1}:
+        pytest.skip("numpy's BLAS runs one thread here already (one core, or set so)")
     during: list[set[int]] = []
     real_run = service._run
 

@@ -25,6 +25,7 @@ from vigil.connectors.events import (
     read_decisions,
     read_envelopes,
 )
+from vigil.daemon.decode_process import receive, send
 from vigil.daemon.decoding import READ_AHEAD_RECORDS, Decoded, DecodeWorker, Link
 from vigil.daemon.metrics import Metrics
 
@@ -173,3 +174,16 @@ def test_the_worker_process_imports_only_what_reading_needs():
     code = f"import sys, vigil.daemon.decode_process; print(sorted({heavy!r} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_worker_imports_vigil_from_where_the_daemon_does(tmp_path, monkeypatch):
+    # a directory named like the package, where the daemon runs, is not what it imports
+    (tmp_path / "vigil").mkdir()
+    (tmp_path / "vigil" / "__init__.py").write_text("raise ImportError('the wrong vigil')\n")
+    monkeypatch.chdir(tmp_path)
+    link = Link()
+    try:
+        send(link.sock, [b'{"id": 1, "model": "m", "x": [0.5], "y": 0}'])
+        assert receive(link.sock).x.tolist() == [[0.5]]
+    finally:
+        link.close()
