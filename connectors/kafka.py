@@ -21,6 +21,7 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     ProducerFenced,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
     for_code,
 )
 from aiokafka.producer import sender as aiokafka_sender
@@ -491,13 +492,10 @@ async def message_limits(
     not created yet takes the broker's default (``message.max.bytes``). A limit the
     client may not read (no DescribeConfigs right) is left out."""
     async with admin_client(servers, security) as admin:
-        existing = await partition_counts(admin)
         brokers = (await admin.describe_cluster())["brokers"]  # none yet: a broker starting
         broker = str(brokers[0]["node_id"]) if brokers else None
         resources = [
-            ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
-            for t in topics
-            if t in existing
+            ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics
         ]
         if broker is not None:
             resources.append(
@@ -505,10 +503,13 @@ async def message_limits(
             )
         responses = await admin.describe_configs(resources) if resources else []
     found: dict[tuple[int, str], int] = {}
+    missing: set[str] = set()
     for response in responses:
         for code, _, kind, name, entries in response.resources:
             if code == 0 and entries:
                 found[kind, name] = int(entries[0][1])
+            elif code == UnknownTopicOrPartitionError.errno:
+                missing.add(name)
     default = found.get((ConfigResourceType.BROKER, broker or ""))
     limits = {
         t: found[ConfigResourceType.TOPIC, t]
@@ -516,7 +517,7 @@ async def message_limits(
         if (ConfigResourceType.TOPIC, t) in found
     }
     if default is not None:
-        limits.update({t: default for t in topics if t not in existing})
+        limits.update({t: default for t in missing})
     return limits
 
 
