@@ -94,8 +94,15 @@ class Metrics:
         )
         self.batch_seconds = Histogram(
             "vigil_batch_seconds",
-            "Time from fetch to acknowledged delivery of one batch.",
+            "Time to check one fetched batch and start its delivery (once the delivery "
+            "before it is acknowledged).",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivery_wait = Counter(
+            "vigil_delivery_wait_seconds",
+            "Time the loop waited for deliveries (answers acknowledged, offsets committed) "
+            "before going on: the broker's share of the loop's time.",
             registry=r,
         )
         self.history_size = Gauge(

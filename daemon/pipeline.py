@@ -324,7 +324,8 @@ class Pipeline:
                         self._maybe_snapshot(tp)
             else:  # nothing to read, jobs running: do not spin on a source that never waits
                 await asyncio.sleep(_IDLE_POLL_SECONDS)
-        await self.deliver_completed()
+        # a held batch is checked next, while this delivery is acknowledged
+        await self.deliver_completed(settle=self._held is None)
         await self._update_lag()
         return False
 
@@ -407,16 +408,19 @@ class Pipeline:
         for w in pending:
             w.cancel()
 
-    async def deliver_completed(self) -> None:
+    async def deliver_completed(self, settle: bool = True) -> None:
         """Deliver the results of finished offloaded jobs, and what the merging rules release
-        with no new records (an idle wait ended), and commit what they released."""
+        with no new records (an idle wait ended), and commit what they released; with
+        ``settle``, wait until that and any delivery before it are acknowledged."""
         async with self._lock:
             if self.failed:
                 return
             answers = [a for r in self.rules for a in r.completed()]
             if self._merging:
                 answers += self._merged()
-            await self.checkpoint.deliver(answers, self._commit_positions(list(self._emit_from)))
+            await self.checkpoint.send(answers, self._commit_positions(list(self._emit_from)))
+            if settle:
+                await self.checkpoint.settle()
 
     @property
     def failed(self) -> bool:

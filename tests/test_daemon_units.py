@@ -681,6 +681,74 @@ def test_batches_held_for_their_read_ahead_survive_a_seek_in_order(tmp_path):
     assert source.commits[-1] == {source.tp: 200}
 
 
+class _LoggedSource(MemorySource):
+    """Logs each fetch, beside the sink's deliveries in the same log."""
+
+    def __init__(self, topic: str, values: list[bytes], log: list[str]) -> None:
+        super().__init__(topic, values)
+        self.log = log
+
+    async def fetch(self, max_records: int, timeout_ms: int) -> list[Record]:
+        self.log.append("fetch")
+        return await super().fetch(max_records, timeout_ms)
+
+    async def commit(self, offsets) -> None:
+        self.log.append("commit")
+        await super().commit(offsets)
+
+
+class _SlowSink(MemorySink):
+    """Acknowledges each delivery after a pause, as a broker does after a round trip."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def deliver(self, messages, offsets) -> None:
+        self.log.append("deliver")
+        await asyncio.sleep(0.005)
+        await super().deliver(messages, offsets)
+        self.log.append("acknowledged")
+
+
+@pytest.mark.parametrize("backlog", [False, True])
+def test_a_backlogs_next_batch_is_fetched_while_a_delivery_is_acknowledged(tmp_path, backlog):
+    """Live batches wait for the delivery before them to be acknowledged before the next
+    fetch (a batch fetched meanwhile would wait for both); a backlog's batches, held while
+    the worker reads them, do not, and the loop's wait is counted. Every commit still
+    follows its answers' delivery, and the alerts are the brute-force ones."""
+    rng = np.random.default_rng(13)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    truth = witness_sets(x, y, 0.25)
+    log: list[str] = []
+    source, sink = _LoggedSource("t", _decisions(x, y), log), _SlowSink(log)
+    pipeline, _, _ = _pipeline(None, FileStore(tmp_path), sink, source=source)
+    if backlog:
+        pipeline.reader = _HoldingReader()
+
+    async def run() -> None:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    fetched_meanwhile, delivering = 0, False
+    for entry in log:
+        delivering = entry == "deliver" or (delivering and entry != "acknowledged")
+        fetched_meanwhile += delivering and entry == "fetch"
+    assert (fetched_meanwhile > 0) == backlog
+    deliveries = [e for e in log if e != "fetch"]
+    assert deliveries.count("commit") >= 300 // 37
+    assert all(
+        deliveries[i - 1] == "acknowledged" for i, e in enumerate(deliveries) if e == "commit"
+    )
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
+    got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+    assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert source.commits[-1] == {source.tp: 300}
+    assert pipeline.metrics.delivery_wait._value.get() > 0
+
+
 def test_a_backlog_decoded_in_the_worker_gives_the_loops_alerts_and_dead_letters(tmp_path):
     rng = np.random.default_rng(12)
     x = rng.integers(0, 8, size=(4000, 3)) / 8

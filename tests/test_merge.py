@@ -137,7 +137,12 @@ def test_a_delivery_keeps_the_merged_order_across_partitions(answered, data):
     checkpoint = Checkpoint(MemorySource("t", []), sink, Metrics())
     for tp in TPS:
         checkpoint.assign(tp, 0)
-    asyncio.run(checkpoint.deliver(answers, {tp: 31 for tp in TPS}))
+
+    async def deliver() -> None:
+        await checkpoint.send(answers, {tp: 31 for tp in TPS})
+        await checkpoint.settle()
+
+    asyncio.run(deliver())
     ((sent, _),) = sink.deliveries
     order = list(answers)
     for tp in TPS:  # the oracle: each partition's slots refilled with its answers sorted
