@@ -52,7 +52,9 @@ async def start_client(
     """Start ``client``; if it cannot bootstrap, raise ``BrokerRejected`` (the security
     settings do not fit the broker) or ``BrokerUnavailable`` (nothing answered, or the
     broker is not serving yet), one line that names what to check. A client that failed to
-    start is stopped and cannot be started again."""
+    start, for any reason (a start that timed out or was cancelled too), is stopped: its
+    connections and background tasks would otherwise outlive it, one set per retry, and it
+    cannot be started again."""
     try:
         await client.start()
     except KafkaConnectionError:
@@ -66,6 +68,9 @@ async def start_client(
             f"the broker at {servers} answered, but its metadata names no broker yet "
             "(starting or resuming)"
         ) from None
+    except BaseException:
+        await client.stop()
+        raise
 
 
 def broker_gone(error: BaseException) -> bool:

@@ -147,6 +147,29 @@ async def test_a_broker_not_serving_yet_is_told_as_unavailable_not_as_an_asserti
     assert client.stopped
 
 
+async def test_a_start_that_times_out_stops_the_client(kafka_bootstrap):
+    """A producer that bootstrapped, then hung in its transactional handshake (a coordinator
+    that does not answer), is stopped when its start times out: no connection or
+    background task of it outlives the failed start, as they would at every retry."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id="hangs")
+    handshake = asyncio.Event()
+
+    async def hang() -> None:
+        handshake.set()
+        await asyncio.Event().wait()
+
+    producer._sender._maybe_wait_for_pid = hang
+    before = asyncio.all_tasks()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(5):
+            await start_client(producer, kafka_bootstrap, PLAINTEXT)
+    assert handshake.is_set()  # the timeout came after the bootstrap, not before
+    assert producer.client._conns == {}
+    assert asyncio.all_tasks() - before == set()
+
+
 @pytest.mark.parametrize("side", ["sink", "source"])
 async def test_a_client_whose_start_failed_starts_again(kafka_bootstrap, monkeypatch, side):
     """The first start of the sink's producer (or the source's consumer) bootstraps, then
