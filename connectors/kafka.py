@@ -37,6 +37,7 @@ from vigil.connectors.kafka_security import (
     KafkaSecurity,
     diagnose,
 )
+from vigil.connectors.loop_thread import LoopThread
 
 PLAINTEXT = KafkaSecurity()
 PARTITION_FETCH_BYTES = 16 << 20
@@ -359,7 +360,9 @@ per message is about the same."""
 
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
-    transaction that also commits the consumer offsets (exactly-once processing)."""
+    transaction that also commits the consumer offsets (exactly-once processing). The
+    producer runs in a thread of its own (connectors/loop_thread.py), so that a delivery
+    goes on while the daemon's loop checks the next batch."""
 
     def __init__(
         self,
@@ -383,6 +386,7 @@ class KafkaSink:
             self._backoff_ms = TRANSACTION_RETRY_BACKOFF_MS
             _retry_transactions_after(self._backoff_ms)
         self._producer: AIOKafkaProducer | None = None
+        self._io: LoopThread | None = None  # the producer lives in its loop
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -403,6 +407,11 @@ class KafkaSink:
         """Start a new producer, its batches no larger than the smallest message limit of
         the topics given (``message_limits``); after a failed start, this may be called
         again."""
+        if self._io is None:
+            self._io = LoopThread("vigil-sink")
+        await self._io.run(self._start())
+
+    async def _start(self) -> None:
         if self._topics:
             self._limits = await message_limits(self._servers, self._topics, self._security)
         producer = self._new_producer()
@@ -413,6 +422,10 @@ class KafkaSink:
         """Replace the producer after a failed delivery: the old one is closed (for at most
         ``close_timeout`` seconds; a transaction it left open is aborted by the new one's
         start, which fences it), the new one starts with a fresh epoch."""
+        assert self._io is not None, "restart before start"
+        await self._io.run(self._restart(close_timeout))
+
+    async def _restart(self, close_timeout: float) -> None:
         old, self._producer = self._producer, None
         try:
             async with asyncio.timeout(close_timeout):
@@ -420,11 +433,15 @@ class KafkaSink:
                     await old.stop()
         except (TimeoutError, KafkaError, OSError):
             pass
-        await self.start()
+        await self._start()
 
     async def deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
         """Send ``messages`` (and, exactly-once, commit ``offsets`` in their transaction);
         ``MessageRefused`` names a message too large for its topic."""
+        assert self._io is not None, "deliver before start"
+        await self._io.run(self._deliver(messages, offsets))
+
+    async def _deliver(self, messages: list[OutMessage], offsets: Offsets) -> None:
         assert self._producer is not None, "deliver before start"
         if not self.commits_offsets:
             await self._send_all(messages)
@@ -459,6 +476,16 @@ class KafkaSink:
             raise _refused(messages, futures, self._limits) from e
 
     async def stop(self) -> None:
+        """Close the producer (sending what it holds) and end the sink's thread."""
+        if self._io is None:
+            return
+        try:
+            await self._io.run(self._stop())
+        finally:
+            await self._io.close()
+            self._io = None
+
+    async def _stop(self) -> None:
         if self._producer is not None:
             await self._producer.stop()
 

@@ -6,6 +6,7 @@ refused while it still wrote the previous commit's markers."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from types import SimpleNamespace
 
@@ -145,6 +146,46 @@ async def test_a_broker_not_serving_yet_is_told_as_unavailable_not_as_an_asserti
     with pytest.raises(BrokerUnavailable, match="metadata names no broker yet"):
         await start_client(client, "127.0.0.1:1", PLAINTEXT)  # type: ignore[arg-type]
     assert client.stopped
+
+
+async def test_a_transaction_commits_while_the_callers_loop_is_busy(kafka_bootstrap):
+    """The sink's producer runs in a thread of its own: a delivery started before the
+    daemon's loop computes for a while (a backlog's batch check) goes through all its
+    round trips meanwhile, and a read_committed reader sees it before that loop yields."""
+    topic = f"busy-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic)
+    sink = KafkaSink(kafka_bootstrap, "g", transactional_id=f"busy-{topic}", topics=[topic])
+    await sink.start()
+    seen, reading = threading.Event(), threading.Event()
+
+    async def read() -> None:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_bootstrap,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        try:
+            reading.set()
+            async with asyncio.timeout(40):
+                while not await consumer.getmany(timeout_ms=100):
+                    pass
+            seen.set()
+        finally:
+            await consumer.stop()
+
+    reader = threading.Thread(target=asyncio.run, args=(read(),))
+    reader.start()
+    try:
+        assert await asyncio.to_thread(reading.wait, 30)
+        delivery = asyncio.ensure_future(sink.deliver([OutMessage(topic, b"k", b"{}")], {}))
+        await asyncio.sleep(0)  # the delivery is handed to the sink's thread
+        assert seen.wait(30)  # blocks this loop: only the sink's own loop runs
+        await delivery
+    finally:
+        await asyncio.to_thread(reader.join)
+        await sink.stop()
 
 
 async def test_a_start_that_times_out_stops_the_client(kafka_bootstrap):
