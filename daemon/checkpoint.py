@@ -13,10 +13,12 @@ instead), and deliveries run one at a time and in order, so every commit follows
 acknowledgement of its answers. The daemon's loop settles each delivery before its next
 fetch: a batch fetched while the previous one is delivered would wait for that delivery and
 then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
-at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching). Only a backlog's
-batch, held while the decode worker reads it (daemon/decoding.py), is fetched before the
-delivery is acknowledged: that batch is there already, and its check would only wait.
-The time the loop waits is counted in ``vigil_delivery_wait_seconds``.
+at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching). With a backlog's
+batch held while the decode worker reads it (daemon/decoding.py), the loop goes on to its
+next fetch and to that batch's check without waiting: the batch is there already, and the
+delivery's round trips go on meanwhile in the sink's own thread (connectors/kafka.py); the
+next ``send`` waits for whatever is left of it. The time the loop waits is counted in
+``vigil_delivery_wait_seconds``.
 """
 
 from __future__ import annotations
