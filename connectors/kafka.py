@@ -476,18 +476,20 @@ class KafkaSink:
             raise _refused(messages, futures, self._limits) from e
 
     async def stop(self) -> None:
-        """Close the producer (sending what it holds) and end the sink's thread."""
-        if self._io is None:
+        """Close the producer (sending what it holds) and end the sink's thread; a second
+        stop does nothing, a start after it starts anew."""
+        io, self._io = self._io, None
+        if io is None:
             return
         try:
-            await self._io.run(self._stop())
+            await io.run(self._stop())
         finally:
-            await self._io.close()
-            self._io = None
+            await io.close()
 
     async def _stop(self) -> None:
-        if self._producer is not None:
-            await self._producer.stop()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
 
 
 def _refused(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,10 @@ class KafkaSecurity:
     mechanism: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    token_provider: AbstractTokenProvider | None = None
+    new_token_provider: Callable[[], AbstractTokenProvider] | None = None
+    """OAUTHBEARER: makes the token provider of each client, which uses it in its own event
+    loop (the producer's runs in a thread of its own): one provider shared by all would be
+    used from two loops and two threads."""
 
     @property
     def tls(self) -> bool:
@@ -74,7 +78,8 @@ class KafkaSecurity:
         if self.sasl:
             options["sasl_mechanism"] = self.mechanism
             if self.mechanism == "OAUTHBEARER":
-                options["sasl_oauth_token_provider"] = self.token_provider
+                assert self.new_token_provider is not None
+                options["sasl_oauth_token_provider"] = self.new_token_provider()
             else:
                 options["sasl_plain_username"] = self.username
                 options["sasl_plain_password"] = self.password

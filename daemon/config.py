@@ -7,10 +7,12 @@ import importlib.util
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal, Union, get_args
 
 import numpy as np
+from aiokafka.abc import AbstractTokenProvider
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -161,7 +163,7 @@ class KafkaConfig(_Section):
         environment now."""
         provider = None
         if self.sasl_oauth_token_provider:
-            provider = _import_attribute(self.sasl_oauth_token_provider)()
+            provider = _import_attribute(self.sasl_oauth_token_provider)
         return KafkaSecurity(
             protocol=self.security_protocol,
             cafile=self.ssl_cafile,
@@ -172,7 +174,7 @@ class KafkaConfig(_Section):
             mechanism=self.sasl_mechanism,
             username=self.sasl_username,
             password=_secret(self, "sasl_password"),
-            token_provider=provider,
+            new_token_provider=provider,
         )
 
     def instance_transactional_id(self, host: str) -> str:
@@ -220,8 +222,8 @@ def _read_secret(path: Path, key: str) -> str:
     return text
 
 
-def _import_attribute(spec: str) -> object:
-    """``package.module:attribute``, imported."""
+def _import_attribute(spec: str) -> Callable[[], AbstractTokenProvider]:
+    """``package.module:attribute``, imported: a token provider's class or factory."""
     module, _, attribute = spec.partition(":")
     if not module or not attribute:
         raise ValueError(f"sasl_oauth_token_provider: expected module:attribute, got {spec!r}")

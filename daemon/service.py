@@ -442,6 +442,8 @@ async def _shutdown(
         await asyncio.gather(running, return_exceptions=True)
         return ["the loop's wait for the broker (what it read is read again after the restart)"]
     if pipeline.failed:
+        if not running.cancelled():
+            running.exception()  # the failure is what this returns, not an unread error
         return ["a failed delivery (its records are read again after the restart)"]
     running.result()
     drains = [asyncio.ensure_future(rule.drain()) for rule in pipeline.rules]

@@ -186,6 +186,8 @@ async def test_a_transaction_commits_while_the_callers_loop_is_busy(kafka_bootst
     finally:
         await asyncio.to_thread(reader.join)
         await sink.stop()
+    await sink.stop()  # a second stop does nothing
+    assert "vigil-sink" not in {t.name for t in threading.enumerate()}
 
 
 async def test_a_start_that_times_out_stops_the_client(kafka_bootstrap):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -91,14 +92,24 @@ def _run(config: Path, timeout: float = 60, env: dict | None = None) -> subproce
     )
 
 
-@pytest.mark.parametrize("setup", ["sasl_ssl-scram-sha-512", "mutual-tls"])
+@pytest.mark.parametrize("setup", ["sasl_ssl-scram-sha-512", "sasl_ssl-oauthbearer", "mutual-tls"])
 async def test_daemon_over_a_secured_listener_exactly_once(
     kafka_bootstrap, kafka_security, tmp_path, compas, setup
 ):
+    """OAUTHBEARER: with a provider bound to its event loop, each client has its own (the
+    producer runs in another loop)."""
     x, y = compas
     x, y = x[:1500], y[:1500]
     if setup == "mutual-tls":
         listener, settings = kafka_security["ssl"], _mutual_tls(kafka_security)
+    elif setup == "sasl_ssl-oauthbearer":  # the provider's module beside the config
+        shutil.copy(Path(__file__).with_name("kafka_tokens.py"), tmp_path)
+        listener = kafka_security["sasl_ssl"]
+        settings = (
+            f'security_protocol = "SASL_SSL"\nssl_cafile = "{kafka_security["ssl_cafile"]}"\n'
+            'sasl_mechanism = "OAUTHBEARER"\n'
+            'sasl_oauth_token_provider = "kafka_tokens:LoopBoundToken"\n'
+        )
     else:
         listener, settings = kafka_security["sasl_ssl"], _scram(kafka_security)
     daemon = Daemon(
@@ -114,7 +125,7 @@ async def test_daemon_over_a_secured_listener_exactly_once(
     daemon.start()
     try:
         alerts = await consume_all(kafka_bootstrap, daemon.alerts_topic, len(expected), 120)
-        assert len(alerts) == len(expected)
+        assert len(alerts) == len(expected), daemon.log_text()[-3000:]
         assert witness_map(alerts) == expected
         metrics = await wait_http(daemon.port, "/metrics")
         daemon.signal(signal.SIGTERM)
@@ -132,7 +143,7 @@ async def test_daemon_over_a_secured_listener_exactly_once(
             f"kafka://{listener}/{daemon.alerts_topic}",
             "--config", str(tmp_path / "vigil.toml"), "--out", str(tmp_path / "report.html"),
         ],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert report.returncode == 0, report.stderr
     assert orjson.loads(report.stdout)["alerts"] == len(expected)
