@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import ConcurrentTransactions
 from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler
 from aiokafka.structs import TopicPartition
@@ -156,29 +156,15 @@ async def test_a_transaction_commits_while_the_callers_loop_is_busy(kafka_bootst
     await create_topic(kafka_bootstrap, topic)
     sink = KafkaSink(kafka_bootstrap, "g", transactional_id=f"busy-{topic}", topics=[topic])
     await sink.start()
-    seen, reading = threading.Event(), threading.Event()
+    seen = threading.Event()
 
-    async def read() -> None:
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=kafka_bootstrap,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",
-        )
-        await consumer.start()
-        try:
-            reading.set()
-            async with asyncio.timeout(40):
-                while not await consumer.getmany(timeout_ms=100):
-                    pass
+    def read() -> None:
+        if asyncio.run(consume_all(kafka_bootstrap, topic, 1, 40, settle=0)):
             seen.set()
-        finally:
-            await consumer.stop()
 
-    reader = threading.Thread(target=asyncio.run, args=(read(),))
+    reader = threading.Thread(target=read)
     reader.start()
     try:
-        assert await asyncio.to_thread(reading.wait, 30)
         delivery = asyncio.ensure_future(sink.deliver([OutMessage(topic, b"k", b"{}")], {}))
         await asyncio.sleep(0)  # the delivery is handed to the sink's thread
         assert seen.wait(30)  # blocks this loop: only the sink's own loop runs
@@ -194,8 +180,6 @@ async def test_a_start_that_times_out_stops_the_client(kafka_bootstrap):
     """A producer that bootstrapped, then hung in its transactional handshake (a coordinator
     that does not answer), is stopped when its start times out: no connection or
     background task of it outlives the failed start, as they would at every retry."""
-    from aiokafka import AIOKafkaProducer
-
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id="hangs")
     handshake = asyncio.Event()
 
