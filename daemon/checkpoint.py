@@ -14,8 +14,9 @@ acknowledgement of its answers. The daemon's loop settles each delivery before i
 fetch: a batch fetched while the previous one is delivered would wait for that delivery and
 then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
 at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching). With a backlog's
-batch held while the decode worker reads it (daemon/decoding.py), the loop goes on to its
-next fetch and to that batch's check without waiting: the batch is there already, and the
+batches held while the decode worker reads them (daemon/decoding.py), the loop goes on to
+its next fetch and to the oldest held batch's check without waiting: that batch is there
+already, and the
 delivery's round trips go on meanwhile in the sink's own thread (connectors/kafka.py); the
 next ``send`` waits for whatever is left of it. The time the loop waits is counted in
 ``vigil_delivery_wait_seconds``.

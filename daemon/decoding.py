@@ -3,9 +3,9 @@
 Reading a decision event (the typed decode, its inputs' floats, the batch's matrix) takes
 about a quarter of the loop's time per decision, and the loop has one core. A batch of at
 least ``READ_AHEAD_RECORDS`` is therefore handed to one worker process, which sends back the
-typed envelopes with their inputs as one matrix; the loop checks the batch fetched before
-meanwhile (daemon/pipeline.py holds each such batch for one fetch). Smaller batches (live
-traffic) are read in the loop: they would only wait for the other process. Every record the
+typed envelopes with their inputs as one matrix; the loop checks batches fetched before
+meanwhile (daemon/pipeline.py holds up to ``READ_AHEAD_BATCHES`` of them). Smaller batches
+(live traffic) are read in the loop: they would only wait for the other process. Every record the
 worker leaves (a bad event, another shape) is read in the loop by ``decode_decision``, so the
 decisions and dead letters do not depend on where a batch was read.
 """
@@ -36,6 +36,12 @@ log = structlog.get_logger("vigil.decoding")
 
 READ_AHEAD_RECORDS = 1000
 """Decision events a fetched batch needs for the worker to read them."""
+
+READ_AHEAD_BATCHES = 2
+"""Batches the worker may be reading while the loop checks an earlier one. The worker
+reads a batch in about as long as the loop checks one, so with one batch ahead the loop
+waited for it about every other batch (a sixth of a backlog's drain, docs/benchmarks.md);
+with two, the worker's slower batches are absorbed by its faster ones."""
 
 
 class Decoded:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_left
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +35,7 @@ from vigil.connectors.kafka_security import BrokerUnavailable
 from vigil.daemon.adapters import Answer, Rule, RuleResult
 from vigil.daemon.broker import BrokerWatch
 from vigil.daemon.checkpoint import Checkpoint
-from vigil.daemon.decoding import Decoded, DecodeWorker
+from vigil.daemon.decoding import READ_AHEAD_BATCHES, Decoded, DecodeWorker
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.state import Restored, StateStore, restore_partition
 
@@ -101,9 +101,9 @@ class Pipeline:
         self._writes: dict[tuple[str, TopicPartition], asyncio.Task] = {}  # newest per key
         self.checkpoint = Checkpoint(source, sink, metrics)
         self.reader = reader
-        self._held: tuple[list[Record], Fetched, asyncio.Future] | None = None
-        """A fetched batch whose decision events the reader reads while the batch before is
-        checked: (records, seeks when fetched, the reading)."""
+        self._held: deque[tuple[list[Record], Fetched, asyncio.Future[Decoded]]] = deque()
+        """Fetched batches, oldest first, whose decision events the reader reads while the
+        batches before are checked: (records, seeks when fetched, the reading)."""
         self._seeks: dict[TopicPartition, int] = defaultdict(int)
         """Seeks so far per partition (assignments' and re-reads'): a batch fetched before
         one of its partition's is stale there."""
@@ -278,9 +278,9 @@ class Pipeline:
                 if not self._outage_caused(e):
                     raise
                 await self._resume(e, stop)
-        if self._held is not None:  # fetched, not checked: read again after a restart
-            self._held[2].cancel()
-            self._held = None
+        for _, _, reading in self._held:  # fetched, not checked: read again after a restart
+            reading.cancel()
+        self._held.clear()
         if not self.failed:
             await self._settle()
 
@@ -296,25 +296,28 @@ class Pipeline:
             return False
         began = dict(self._seeks)
         held = self._held
-        # with a batch held, take only what is buffered: it is checked right after
+        # with a batch held, take only what is buffered: one is checked right after
         timeout = 0 if held else self.settings.fetch_timeout_ms
         records = await _unless_stopped(self.source.fetch(self.settings.max_batch, timeout), stop)
         if stop.is_set():
-            return False  # run() lets a held batch go
+            return False  # run() lets the held batches go
         if self.fatal is not None:  # found by an assignment during the fetch
             raise self.fatal
-        self._held = None
         fetched = (began, dict(self._seeks))
         # a batch sought during its fetch is dropped unread: not worth a worker's reading
         ahead = records and self.reader is not None and began == fetched[1]
         reading = self.reader.read(records) if ahead else None
-        if reading is not None:  # checked after the next fetch; the worker reads it meanwhile
-            self._held = (records, fetched, reading)
-        if held:
-            await self._process(held[0], held[1], await held[2])
-        if records and reading is None:
+        if reading is not None:  # checked after the next fetches; the worker reads it meanwhile
+            held.append((records, fetched, reading))
+            if len(held) > READ_AHEAD_BATCHES:
+                await self._process_held()
+        elif records:  # the batches held before these go first
+            while held:
+                await self._process_held()
             await self._process(records, fetched)
-        elif not records and not held:
+        elif held:
+            await self._process_held()
+        else:
             if not any(r.in_flight() for r in self.rules):
                 await self._settle()
                 if until_idle:
@@ -325,9 +328,14 @@ class Pipeline:
             else:  # nothing to read, jobs running: do not spin on a source that never waits
                 await asyncio.sleep(_IDLE_POLL_SECONDS)
         # a held batch is checked next, while this delivery is acknowledged
-        await self.deliver_completed(settle=self._held is None)
+        await self.deliver_completed(settle=not held)
         await self._update_lag()
         return False
+
+    async def _process_held(self) -> None:
+        """Check the oldest held batch, once the worker has read it."""
+        records, fetched, reading = self._held.popleft()
+        await self._process(records, fetched, await reading)
 
     def _outage_caused(self, error: Exception) -> bool:
         """Whether a failed delivery is the broker's absence, to be waited out: it did not

@@ -24,7 +24,7 @@ from vigil.connectors.memory import MemorySink, MemorySource
 from vigil.daemon.adapters import IorRule
 from vigil.daemon.cli import main
 from vigil.daemon.config import ConfigError, load_config, parse_config
-from vigil.daemon.decoding import Decoded, DecodeWorker
+from vigil.daemon.decoding import READ_AHEAD_BATCHES, Decoded, DecodeWorker
 from vigil.daemon.metrics import Metrics
 from vigil.daemon.pipeline import Pipeline, PipelineSettings
 from vigil.daemon.service import _shutdown
@@ -631,8 +631,8 @@ def test_a_batch_fetched_before_the_assignments_seek_is_read_again_in_order(tmp_
 
 
 class _HoldingReader:
-    """Holds every batch for one fetch, as the decode worker does, and leaves its events to
-    the loop (the pipeline's own logic, without a process)."""
+    """Takes every batch to read, as the decode worker takes a backlog's, and leaves its
+    events to the loop (the pipeline's own logic, without a process)."""
 
     def start(self) -> None:
         pass
@@ -747,6 +747,54 @@ def test_a_backlogs_next_batch_is_fetched_while_a_delivery_is_acknowledged(tmp_p
     assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
     assert source.commits[-1] == {source.tp: 300}
     assert pipeline.metrics.delivery_wait._value.get() > 0
+
+
+class _LoggedReader(_HoldingReader):
+    """Logs each batch it takes by its first offset; a batch shorter than ``full`` it
+    leaves to the loop, as the decode worker leaves live traffic's."""
+
+    def __init__(self, log: list[str], full: int) -> None:
+        self.log, self.full = log, full
+
+    def read(self, records: list[Record]) -> asyncio.Future | None:
+        if len(records) < self.full:
+            return None
+        self.log.append(f"read {records[0].offset}")
+        return super().read(records)
+
+
+def test_a_backlogs_batches_are_read_ahead_of_the_check_and_checked_in_order(tmp_path):
+    """While a backlog's batch is checked, the worker already has the next
+    ``READ_AHEAD_BATCHES``; the batches are still checked and committed in fetch order, the
+    held ones before a batch the worker leaves to the loop, and the alerts are the
+    brute-force ones."""
+    rng = np.random.default_rng(14)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    truth = witness_sets(x, y, 0.25)
+    log: list[str] = []
+    source, sink = _LoggedSource("t", _decisions(x, y), log), _SlowSink(log)
+    pipeline, _, _ = _pipeline(None, FileStore(tmp_path), sink, source=source)
+    pipeline.reader = _LoggedReader(log, full=37)  # the last batch, of 4, is not read
+
+    async def run() -> None:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    batches = -(-300 // 37)
+    read = [e for e in log if e.startswith("read")]
+    assert read == [f"read {37 * k}" for k in range(batches - 1)]
+    deliveries = [i for i, e in enumerate(log) if e == "deliver"]
+    assert len(deliveries) >= batches
+    for k, at in enumerate(deliveries[: batches - 1]):  # the k-th batch's delivery
+        ahead = sum(e.startswith("read") for e in log[:at])
+        assert ahead == min(k + 1 + READ_AHEAD_BATCHES, batches - 1)
+    commits = [c[source.tp] for c in source.commits]
+    assert commits == sorted(commits) and commits[-1] == 300
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
+    got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+    assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
 
 
 def test_a_backlog_decoded_in_the_worker_gives_the_loops_alerts_and_dead_letters(tmp_path):
