@@ -12,7 +12,8 @@ so that the loop reads every event: the baseline of daemon/decoding.py), in one 
    daemon's CPU time per decision (user + system, from /proc, of the daemon and its child
    processes: the decode worker's time counts), the garbage collections it ran
    (`python_gc_collections_total`) and the time its loop waited for deliveries to be
-   acknowledged (`vigil_delivery_wait_seconds_total`), per decision: a wait the machine's
+   acknowledged (`vigil_delivery_wait_seconds_total`) and for the decode worker's reading
+   (`vigil_decode_wait_seconds_total`), per decision: waits the machine's
    speed moves less than the rate;
 2. latency: with the daemon caught up, decisions are produced at ``--rate`` per second and
    every alert's arrival (read_committed, timed in a process of its own) is matched with
@@ -92,9 +93,9 @@ async def produce_all(bootstrap: str, topic: str, values: list[bytes]) -> None:
         await producer.stop()
 
 
-async def checked(port: int) -> tuple[float, float, float]:
-    """(decisions checked, garbage collections run, seconds waited for deliveries) so far,
-    from the daemon's metrics."""
+async def checked(port: int) -> tuple[float, float, float, float]:
+    """(decisions checked, garbage collections run, seconds waited for deliveries, seconds
+    waited for the decode worker) so far, from the daemon's metrics."""
     samples = metric_samples(await wait_http(port, "/metrics"))
     done = sum(
         s.value
@@ -104,7 +105,8 @@ async def checked(port: int) -> tuple[float, float, float]:
     )
     collections = sum(s.value for s in samples if s.name == "python_gc_collections_total")
     waited = sum(s.value for s in samples if s.name == "vigil_delivery_wait_seconds_total")
-    return done, collections, waited
+    read = sum(s.value for s in samples if s.name == "vigil_decode_wait_seconds_total")
+    return done, collections, waited, read
 
 
 def cpu_seconds(pid: int) -> float:
@@ -130,24 +132,31 @@ def descendants(pid: int) -> list[int]:
 async def drain_rate(port: int, pid: int, n: int) -> dict:
     """From the first to the n-th checked decision (daemon metrics): decisions per second,
     the daemon's CPU microseconds per decision, its garbage collections and its loop's
-    microseconds of waiting for deliveries per decision."""
+    microseconds of waiting for deliveries and for the decode worker per decision."""
     first = None
     while True:
-        done, collections, waited = await checked(port)
+        done, collections, waited, read = await checked(port)
         now, cpu = time.perf_counter(), cpu_seconds(pid)
         if done and first is None:
-            first = (now, done, cpu, collections, waited)
+            first = (now, done, cpu, collections, waited, read)
         if done >= n:
             break
         await asyncio.sleep(poll_interval(first, now, done, n))
     if now <= first[0]:
         nan = float("nan")
-        return {"per_second": nan, "cpu_us": nan, "collections": 0, "wait_us": nan}
+        return {
+            "per_second": nan,
+            "cpu_us": nan,
+            "collections": 0,
+            "wait_us": nan,
+            "read_wait_us": nan,
+        }
     return {
         "per_second": (n - first[1]) / (now - first[0]),
         "cpu_us": 1e6 * (cpu - first[2]) / (n - first[1]),
         "collections": collections - first[3],
         "wait_us": 1e6 * (waited - first[4]) / (n - first[1]),
+        "read_wait_us": 1e6 * (read - first[5]) / (n - first[1]),
     }
 
 
@@ -330,12 +339,13 @@ async def main() -> int:
         f"eps 0.04 auto; latency phase {args.rate}/s for {args.latency_seconds} s"
     )
     print(
-        f"{'mode':<20}{'decisions/s':>12}{'CPU us/dec':>11}{'wait us/dec':>12}{'GCs':>6}"
+        f"{'mode':<20}{'decisions/s':>12}{'CPU us/dec':>11}{'wait us/dec':>12}"
+        f"{'worker us/dec':>14}{'GCs':>6}"
         f"{'p50 ms':>9}{'p99 ms':>9}{'alerts timed':>14}{'peak RSS MiB':>14}{'worker MiB':>12}"
     )
     floor = await broker_round_trip(args, x, y)
     print(
-        f"{'broker alone':<20}{'':>12}{'':>11}{'':>12}{'':>6}{floor['p50_ms']:>9.1f}"
+        f"{'broker alone':<20}{'':>12}{'':>11}{'':>12}{'':>14}{'':>6}{floor['p50_ms']:>9.1f}"
         f"{floor['p99_ms']:>9.1f}"
         f"{floor['alerts_timed']:>14}{'':>14}"
     )
@@ -346,6 +356,7 @@ async def main() -> int:
             runs[mode].append(r)
             print(
                 f"{r['mode']:<20}{r['per_second']:>12.0f}{r['cpu_us']:>11.1f}{r['wait_us']:>12.2f}"
+                f"{r['read_wait_us']:>14.2f}"
                 f"{r['collections']:>6.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}"
                 f"{r['alerts_timed']:>14}{r['rss_mib']:>14.0f}{r['workers_rss_mib']:>12.0f}",
                 flush=True,
@@ -361,11 +372,11 @@ def summarize(runs: dict[str, list[dict]], modes: list[str]) -> None:
     print(f"medians over {len(runs[modes[0]])} repeats:")
     for mode in modes:
         rs = runs[mode]
-        keys = ("per_second", "cpu_us", "wait_us", "p99_ms")
+        keys = ("per_second", "cpu_us", "wait_us", "read_wait_us", "p99_ms")
         med = {k: statistics.median(r[k] for r in rs) for k in keys}
         line = (
             f"  {mode:<20}{med['per_second']:>10.0f}/s{med['cpu_us']:>7.1f} us/dec"
-            f" (waiting {med['wait_us']:.2f})"
+            f" (waiting {med['wait_us']:.2f}, for the worker {med['read_wait_us']:.2f})"
             f"  p99 {med['p99_ms']:.1f} ms (max {max(r['p99_ms'] for r in rs):.1f})"
         )
         if mode != modes[0]:

@@ -216,6 +216,12 @@ class Metrics:
             "are read in the loop).",
             registry=r,
         )
+        self.decode_wait = Counter(
+            "vigil_decode_wait_seconds",
+            "Time the loop waited for the decode worker to finish reading a held batch: the "
+            "worker's share of the loop's time.",
+            registry=r,
+        )
         self.decode_worker_failures = Counter(
             "vigil_decode_worker_failures",
             "Decode worker processes that failed and were stopped (their batch was read in "

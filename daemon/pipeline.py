@@ -335,7 +335,10 @@ class Pipeline:
     async def _process_held(self) -> None:
         """Check the oldest held batch, once the worker has read it."""
         records, fetched, reading = self._held.popleft()
-        await self._process(records, fetched, await reading)
+        started = time.perf_counter()
+        decoded = await reading
+        self.metrics.decode_wait.inc(time.perf_counter() - started)
+        await self._process(records, fetched, decoded)
 
     def _outage_caused(self, error: Exception) -> bool:
         """Whether a failed delivery is the broker's absence, to be waited out: it did not

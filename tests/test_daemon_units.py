@@ -797,6 +797,44 @@ def test_a_backlogs_batches_are_read_ahead_of_the_check_and_checked_in_order(tmp
     assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
 
 
+class _SlowReader(_HoldingReader):
+    """Finishes each reading ``seconds`` after it was asked for, as a busy worker does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def read(self, records: list[Record]) -> asyncio.Future:
+        done = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(self.seconds, done.set_result, Decoded())
+        return done
+
+
+def test_the_loops_wait_for_the_decode_worker_is_counted(tmp_path):
+    """``vigil_decode_wait_seconds`` holds the time the loop waited for readings that were
+    not done when their batch's turn came, and next to nothing for readings that were."""
+    rng = np.random.default_rng(15)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    truth = witness_sets(x, y, 0.25)
+    waited = {}
+    for name, reader in (("slow", _SlowReader(0.05)), ("ready", _HoldingReader())):
+        sink = MemorySink()
+        pipeline, source, _ = _pipeline(_decisions(x, y), FileStore(tmp_path / name), sink)
+        pipeline.reader = reader
+
+        async def run(pipeline=pipeline, source=source) -> None:
+            await source.start(pipeline.on_assign, pipeline.on_revoke)
+            await pipeline.run(asyncio.Event(), until_idle=True)
+
+        asyncio.run(run())
+        waited[name] = pipeline.metrics.decode_wait._value.get()
+        alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
+        got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+        assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+    assert waited["slow"] > 0.05  # the first reading alone is waited for whole
+    assert waited["ready"] < waited["slow"] / 10
+
+
 def test_a_backlog_decoded_in_the_worker_gives_the_loops_alerts_and_dead_letters(tmp_path):
     rng = np.random.default_rng(12)
     x = rng.integers(0, 8, size=(4000, 3)) / 8
