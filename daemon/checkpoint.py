@@ -16,10 +16,9 @@ then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
 at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching). With a backlog's
 batches held while the decode worker reads them (daemon/decoding.py), the loop goes on to
 its next fetch and to the oldest held batch's check without waiting: that batch is there
-already, and the
-delivery's round trips go on meanwhile in the sink's own thread (connectors/kafka.py); the
-next ``send`` waits for whatever is left of it. The time the loop waits is counted in
-``vigil_delivery_wait_seconds``.
+already, and the delivery's round trips go on meanwhile in the sink's own thread
+(connectors/kafka.py); the next ``send`` waits for whatever is left of it. The time the
+loop waits is counted in ``vigil_delivery_wait_seconds``.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ about a quarter of the loop's time per decision, and the loop has one core. A ba
 least ``READ_AHEAD_RECORDS`` is therefore handed to one worker process, which sends back the
 typed envelopes with their inputs as one matrix; the loop checks batches fetched before
 meanwhile (daemon/pipeline.py holds up to ``READ_AHEAD_BATCHES`` of them). Smaller batches
-(live traffic) are read in the loop: they would only wait for the other process. Every record the
-worker leaves (a bad event, another shape) is read in the loop by ``decode_decision``, so the
-decisions and dead letters do not depend on where a batch was read.
+(live traffic) are read in the loop: they would only wait for the other process. Every
+record the worker leaves (a bad event, another shape) is read in the loop by
+``decode_decision``, so the decisions and dead letters do not depend on where a batch was
+read.
 """
 
 from __future__ import annotations
