@@ -711,27 +711,33 @@ class _SlowSink(MemorySink):
         self.log.append("acknowledged")
 
 
-@pytest.mark.parametrize("backlog", [False, True])
-def test_a_backlogs_next_batch_is_fetched_while_a_delivery_is_acknowledged(tmp_path, backlog):
-    """Live batches wait for the delivery before them to be acknowledged before the next
-    fetch (a batch fetched meanwhile would wait for both); a backlog's batches, held while
-    the worker reads them, do not, and the loop's wait is counted. Every commit still
-    follows its answers' delivery, and the alerts are the brute-force ones."""
-    rng = np.random.default_rng(13)
+def _run_logged(tmp_path, seed: int, log: list[str], reader) -> tuple:
+    """300 decisions from a ``_LoggedSource`` to a ``_SlowSink``, logging to ``log``, read
+    ahead by ``reader`` if one is given: (pipeline, source, sink, brute-force witnesses)."""
+    rng = np.random.default_rng(seed)
     x = rng.integers(0, 8, size=(300, 3)) / 8
     y = rng.integers(0, 2, size=300)
-    truth = witness_sets(x, y, 0.25)
-    log: list[str] = []
     source, sink = _LoggedSource("t", _decisions(x, y), log), _SlowSink(log)
     pipeline, _, _ = _pipeline(None, FileStore(tmp_path), sink, source=source)
-    if backlog:
-        pipeline.reader = _HoldingReader()
+    pipeline.reader = reader
 
     async def run() -> None:
         await source.start(pipeline.on_assign, pipeline.on_revoke)
         await pipeline.run(asyncio.Event(), until_idle=True)
 
     asyncio.run(run())
+    return pipeline, source, sink, witness_sets(x, y, 0.25)
+
+
+@pytest.mark.parametrize("backlog", [False, True])
+def test_a_backlogs_next_batch_is_fetched_while_a_delivery_is_acknowledged(tmp_path, backlog):
+    """Live batches wait for the delivery before them to be acknowledged before the next
+    fetch (a batch fetched meanwhile would wait for both); a backlog's batches, held while
+    the worker reads them, do not, and the loop's wait is counted. Every commit still
+    follows its answers' delivery, and the alerts are the brute-force ones."""
+    log: list[str] = []
+    reader = _HoldingReader() if backlog else None
+    pipeline, source, sink, truth = _run_logged(tmp_path, 13, log, reader)
     fetched_meanwhile, delivering = 0, False
     for entry in log:
         delivering = entry == "deliver" or (delivering and entry != "acknowledged")
@@ -768,20 +774,9 @@ def test_a_backlogs_batches_are_read_ahead_of_the_check_and_checked_in_order(tmp
     ``READ_AHEAD_BATCHES``; the batches are still checked and committed in fetch order, the
     held ones before a batch the worker leaves to the loop, and the alerts are the
     brute-force ones."""
-    rng = np.random.default_rng(14)
-    x = rng.integers(0, 8, size=(300, 3)) / 8
-    y = rng.integers(0, 2, size=300)
-    truth = witness_sets(x, y, 0.25)
     log: list[str] = []
-    source, sink = _LoggedSource("t", _decisions(x, y), log), _SlowSink(log)
-    pipeline, _, _ = _pipeline(None, FileStore(tmp_path), sink, source=source)
-    pipeline.reader = _LoggedReader(log, full=37)  # the last batch, of 4, is not read
-
-    async def run() -> None:
-        await source.start(pipeline.on_assign, pipeline.on_revoke)
-        await pipeline.run(asyncio.Event(), until_idle=True)
-
-    asyncio.run(run())
+    reader = _LoggedReader(log, full=37)  # the last batch, of 4, is not read
+    _, source, sink, truth = _run_logged(tmp_path, 14, log, reader)
     batches = -(-300 // 37)
     read = [e for e in log if e.startswith("read")]
     assert read == [f"read {37 * k}" for k in range(batches - 1)]
