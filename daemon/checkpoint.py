@@ -9,8 +9,14 @@ read positions have already moved past answers that were not delivered, so nothi
 be committed or snapshotted; the restart replays from the last commit instead.
 
 ``send`` starts a delivery without waiting for it (snapshots taken meanwhile wait for it
-instead), and deliveries run one at a time and in order, so every commit follows the
-acknowledgement of its answers. The daemon's loop settles each delivery before its next
+instead). Deliveries send their answers one at a time and in order, and each commits its
+offsets once its answers are acknowledged and the commit before it is done, so every commit
+follows the acknowledgement of its answers and commits never overtake each other. With a
+sink that commits offsets itself, a delivery is one transaction and the next waits for it
+whole; otherwise (at-least-once: the consumer commits, in the loop) the next delivery's
+answers go out while the commit before is under way, since that commit's round trip is
+answered only when the loop yields (a commit waited for at every batch took a tenth of a
+backlog's drain, docs/benchmarks.md). The daemon's loop settles each delivery before its next
 fetch: a batch fetched while the previous one is delivered would wait for that delivery and
 then for its own (bench/pipeline_bench.py: p50 at 10,000 decisions/s 30 -> 45 ms
 at-least-once, 49 -> 69 ms exactly-once, when the loop went on fetching). With a backlog's
@@ -42,8 +48,9 @@ class Checkpoint:
         self.committed: dict[TopicPartition, int] = {}
         self.error: BaseException | None = None  # of the delivery that failed
         self._outbox: dict[TopicPartition, list[Answer]] = defaultdict(list)
-        self._sending: Offsets = {}  # offsets the delivery under way commits
-        self._delivery: asyncio.Task | None = None
+        self._sending: Offsets = {}  # offsets the deliveries under way commit
+        self._delivery: asyncio.Task | None = None  # the last one started
+        self._answered: asyncio.Future | None = None  # when its answers are acknowledged
 
     @property
     def failed(self) -> bool:
@@ -51,11 +58,12 @@ class Checkpoint:
 
     @property
     def delivery(self) -> asyncio.Task | None:
-        """The delivery under way, if any."""
+        """The last delivery started, if under way (it ends after every delivery before it;
+        it succeeds only if they did)."""
         return self._delivery
 
     def target(self, tp: TopicPartition) -> int:
-        """The partition's committed offset once the delivery under way is done."""
+        """The partition's committed offset once the deliveries under way are done."""
         return self._sending.get(tp, self.committed.get(tp, 0))
 
     def assign(self, tp: TopicPartition, committed: int | None) -> None:
@@ -74,16 +82,26 @@ class Checkpoint:
 
     async def send(self, answers: list[Answer], offsets: Offsets) -> None:
         """Start delivering ``answers`` and committing ``offsets`` once the previous
-        delivery is done (its failure is raised here), without waiting for this one."""
+        delivery's answers are acknowledged (with a sink that commits offsets: once it is
+        done), without waiting for this one; a failure of a delivery before is raised here."""
         if not answers and not offsets:
             return
-        await self.settle()
+        answered = self._answered
+        if answered is not None and not answered.done():
+            started = time.perf_counter()
+            await asyncio.wait([answered])
+            self.metrics.delivery_wait.inc(time.perf_counter() - started)
+        if self.error is not None:
+            raise self.error
         if self.sink.commits_offsets:
             answers = self._release(answers, offsets)
         if not answers and not offsets:
             return
         self._sending.update(offsets)
-        self._delivery = asyncio.create_task(self._deliver(answers, offsets))
+        self._answered = asyncio.get_running_loop().create_future()
+        self._delivery = asyncio.create_task(
+            self._deliver(answers, offsets, self._delivery, self._answered)
+        )
 
     async def settle(self) -> None:
         """Wait for the delivery under way, if any; raise the failure of any delivery."""
@@ -92,7 +110,7 @@ class Checkpoint:
             raise self.error
 
     async def wait(self) -> None:
-        """Wait for the delivery under way, if any (a failure is kept in ``error``)."""
+        """Wait for the deliveries under way, if any (a failure is kept in ``error``)."""
         if self._delivery is not None:
             delivery, self._delivery = self._delivery, None
             if not delivery.done():
@@ -100,10 +118,43 @@ class Checkpoint:
                 await asyncio.wait([delivery])
                 self.metrics.delivery_wait.inc(time.perf_counter() - started)
 
-    async def _deliver(self, answers: list[Answer], offsets: Offsets) -> bool:
-        """Whether the answers went out and the offsets were committed."""
+    async def _deliver(
+        self,
+        answers: list[Answer],
+        offsets: Offsets,
+        before: asyncio.Task | None,
+        answered: asyncio.Future,
+    ) -> bool:
+        """Whether the answers went out and the offsets were committed, after every delivery
+        ``before`` this one had done so; ``answered`` is set once the answers are
+        acknowledged."""
+        try:
+            return await self._deliver_after(answers, offsets, before, answered)
+        finally:
+            if not answered.done():
+                answered.set_result(None)
+
+    async def _deliver_after(
+        self,
+        answers: list[Answer],
+        offsets: Offsets,
+        before: asyncio.Task | None,
+        answered: asyncio.Future,
+    ) -> bool:
         try:
             await self.sink.deliver([a.message for a in answers], offsets)
+            if not self.sink.commits_offsets:
+                answered.set_result(None)  # the next delivery's answers go out meanwhile
+        except Exception as e:
+            self.error = e
+        except BaseException as e:
+            self.error = e
+            raise
+        if before is not None:  # its commit comes first; it ends before this one does
+            await asyncio.wait([before])
+        if self.error is not None:  # this delivery or one before it failed
+            return False
+        try:
             if not self.sink.commits_offsets and offsets:
                 await self.source.commit(offsets)
         except Exception as e:
@@ -113,14 +164,16 @@ class Checkpoint:
             self.error = e
             raise
         self.committed.update(offsets)
-        self._sending.clear()
+        for tp, offset in offsets.items():  # a later delivery's may be under way
+            if self._sending.get(tp) == offset:
+                del self._sending[tp]
         return True
 
     def recovered(self) -> None:
         """Forget a failed delivery, its offsets and the waiting answers once every partition
         has been resumed from its commit (assigned again: their answers are given again)."""
         self.error = None
-        self._delivery = None
+        self._delivery = self._answered = None
         self._sending.clear()
         self._outbox.clear()
         self._count_outbox()

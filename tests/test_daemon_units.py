@@ -755,6 +755,56 @@ def test_a_backlogs_next_batch_is_fetched_while_a_delivery_is_acknowledged(tmp_p
     assert pipeline.metrics.delivery_wait._value.get() > 0
 
 
+class _SlowCommitSource(_LoggedSource):
+    """Commits after a pause, as the group coordinator answers after a round trip; logs the
+    commit's start and end."""
+
+    async def commit(self, offsets) -> None:
+        self.log.append(f"commit {offsets[self.tp]}")
+        await asyncio.sleep(0.01)
+        await MemorySource.commit(self, offsets)
+        self.log.append("committed")
+
+
+def test_at_least_once_the_next_answers_go_out_while_a_commit_is_under_way(tmp_path):
+    """At least once, a delivery's answers go out while the commit before them is under
+    way; yet each commit starts after its own answers are acknowledged and after the
+    commit before it has ended, the offsets only grow, and the alerts are brute force's."""
+    rng = np.random.default_rng(16)
+    x = rng.integers(0, 8, size=(300, 3)) / 8
+    y = rng.integers(0, 2, size=300)
+    log: list[str] = []
+    source, sink = _SlowCommitSource("t", _decisions(x, y), log), _SlowSink(log)
+    pipeline, _, _ = _pipeline(None, FileStore(tmp_path), sink, source=source)
+    pipeline.reader = _HoldingReader()
+
+    async def run() -> None:
+        await source.start(pipeline.on_assign, pipeline.on_revoke)
+        await pipeline.run(asyncio.Event(), until_idle=True)
+
+    asyncio.run(run())
+    overlapped, committing, acknowledged, offsets = 0, False, 0, []
+    for entry in log:
+        if entry.startswith("commit "):
+            assert not committing, "a commit started before the one before it ended"
+            assert acknowledged > len(offsets), "a commit started before its answers' ack"
+            committing = True
+            offsets.append(int(entry.split()[1]))
+        elif entry == "committed":
+            committing = False
+        elif entry == "deliver":
+            overlapped += committing
+        elif entry == "acknowledged":
+            acknowledged += 1
+    assert overlapped > 0
+    assert offsets == sorted(offsets) and offsets[-1] == 300
+    assert source.commits[-1] == {source.tp: 300}
+    alerts = [orjson.loads(m.value) for m in sink.messages if m.topic == "vigil.alerts"]
+    got = {a["decision"]["id"]: [w["id"] for w in a["witnesses"]] for a in alerts}
+    truth = witness_sets(x, y, 0.25)
+    assert got == {n: [j for j, _ in ws] for n, ws in enumerate(truth) if ws}
+
+
 class _LoggedReader(_HoldingReader):
     """Logs each batch it takes by its first offset; a batch shorter than ``full`` it
     leaves to the loop, as the decode worker leaves live traffic's."""
