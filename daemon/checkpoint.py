@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Awaitable
 
 from vigil.connectors.base import Offsets, Sink, Source, TopicPartition
 from vigil.daemon.adapters import Answer
@@ -127,46 +128,37 @@ class Checkpoint:
     ) -> bool:
         """Whether the answers went out and the offsets were committed, after every delivery
         ``before`` this one had done so; ``answered`` is set once the answers are
-        acknowledged."""
+        acknowledged (or the delivery has failed)."""
         try:
-            return await self._deliver_after(answers, offsets, before, answered)
+            sent = await self._recorded(self.sink.deliver([a.message for a in answers], offsets))
+            if sent and not self.sink.commits_offsets:
+                answered.set_result(None)  # the next delivery's answers go out meanwhile
+            if before is not None:  # its commit comes first; it ends before this one does
+                await asyncio.wait([before])
+            if self.error is not None:  # this delivery or one before it failed
+                return False
+            committing = bool(offsets) and not self.sink.commits_offsets
+            if committing and not await self._recorded(self.source.commit(offsets)):
+                return False
         finally:
             if not answered.done():
                 answered.set_result(None)
-
-    async def _deliver_after(
-        self,
-        answers: list[Answer],
-        offsets: Offsets,
-        before: asyncio.Task | None,
-        answered: asyncio.Future,
-    ) -> bool:
-        try:
-            await self.sink.deliver([a.message for a in answers], offsets)
-            if not self.sink.commits_offsets:
-                answered.set_result(None)  # the next delivery's answers go out meanwhile
-        except Exception as e:
-            self.error = e
-        except BaseException as e:
-            self.error = e
-            raise
-        if before is not None:  # its commit comes first; it ends before this one does
-            await asyncio.wait([before])
-        if self.error is not None:  # this delivery or one before it failed
-            return False
-        try:
-            if not self.sink.commits_offsets and offsets:
-                await self.source.commit(offsets)
-        except Exception as e:
-            self.error = e
-            return False
-        except BaseException as e:
-            self.error = e
-            raise
         self.committed.update(offsets)
         for tp, offset in offsets.items():  # a later delivery's may be under way
             if self._sending.get(tp) == offset:
                 del self._sending[tp]
+        return True
+
+    async def _recorded(self, step: Awaitable[None]) -> bool:
+        """Whether ``step`` succeeded; its failure is kept in ``error``."""
+        try:
+            await step
+        except Exception as e:
+            self.error = e
+            return False
+        except BaseException as e:
+            self.error = e
+            raise
         return True
 
     def recovered(self) -> None:
