@@ -87,11 +87,8 @@ class Checkpoint:
         done), without waiting for this one; a failure of a delivery before is raised here."""
         if not answers and not offsets:
             return
-        answered = self._answered
-        if answered is not None and not answered.done():
-            started = time.perf_counter()
-            await asyncio.wait([answered])
-            self.metrics.delivery_wait.inc(time.perf_counter() - started)
+        if self._answered is not None:
+            await self._wait_for(self._answered)
         if self.error is not None:
             raise self.error
         if self.sink.commits_offsets:
@@ -105,7 +102,7 @@ class Checkpoint:
         )
 
     async def settle(self) -> None:
-        """Wait for the delivery under way, if any; raise the failure of any delivery."""
+        """Wait for the deliveries under way, if any; raise the failure of any delivery."""
         await self.wait()
         if self.error is not None:
             raise self.error
@@ -114,10 +111,14 @@ class Checkpoint:
         """Wait for the deliveries under way, if any (a failure is kept in ``error``)."""
         if self._delivery is not None:
             delivery, self._delivery = self._delivery, None
-            if not delivery.done():
-                started = time.perf_counter()
-                await asyncio.wait([delivery])
-                self.metrics.delivery_wait.inc(time.perf_counter() - started)
+            await self._wait_for(delivery)
+
+    async def _wait_for(self, future: asyncio.Future) -> None:
+        """Wait for ``future`` (a delivery, or its acknowledgement), counting the time."""
+        if not future.done():
+            started = time.perf_counter()
+            await asyncio.wait([future])
+            self.metrics.delivery_wait.inc(time.perf_counter() - started)
 
     async def _deliver(
         self,
