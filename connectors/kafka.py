@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from functools import partial
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaTP
@@ -361,8 +362,12 @@ per message is about the same."""
 class KafkaSink:
     """Idempotent producer; with ``transactional_id``, every ``deliver`` is one Kafka
     transaction that also commits the consumer offsets (exactly-once processing). The
-    producer runs in a thread of its own (connectors/loop_thread.py), so that a delivery
-    goes on while the daemon's loop checks the next batch."""
+    offsets go to the transaction while its messages are produced: AddOffsetsToTxn and
+    TxnOffsetCommit overlap the produce, so a transaction with alerts is four round trips
+    in a row (AddPartitionsToTxn, the longer of produce and the offsets' two, EndTxn), not
+    five (bench/pipeline_bench.py, docs/benchmarks.md). The producer runs in a thread of its
+    own (connectors/loop_thread.py), so that a delivery goes on while the daemon's loop
+    checks the next batch."""
 
     def __init__(
         self,
@@ -448,14 +453,24 @@ class KafkaSink:
             return
         if not messages and not offsets:
             return
+        commit = None
+        if offsets:
+            commit = partial(
+                self._producer.send_offsets_to_transaction,
+                {KafkaTP(t, p): o for (t, p), o in offsets.items()},
+                self._group_id,
+            )
         async with self._producer.transaction():
-            await self._send_all(messages)
-            if offsets:
-                await self._producer.send_offsets_to_transaction(
-                    {KafkaTP(t, p): o for (t, p), o in offsets.items()}, self._group_id
-                )
+            # the offsets' two round trips go on while the messages are produced
+            await self._send_all(messages, alongside=commit)
 
-    async def _send_all(self, messages: list[OutMessage]) -> None:
+    async def _send_all(
+        self,
+        messages: list[OutMessage],
+        alongside: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Send ``messages`` and wait for their acknowledgement, and for ``alongside``,
+        begun once they are queued."""
         assert self._producer is not None
         send = self._producer.send
         futures: list[asyncio.Future] = []
@@ -470,10 +485,16 @@ class KafkaSink:
                         timestamp_ms=m.timestamp_ms,
                     )
                 )
-            if futures:
-                await asyncio.gather(*futures)
         except MessageSizeTooLargeError as e:
             raise _refused(messages, futures, self._limits) from e
+        waits = [*futures, asyncio.ensure_future(alongside())] if alongside else futures
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        failed = [e for e in outcomes if isinstance(e, BaseException)]
+        for e in failed:
+            if isinstance(e, MessageSizeTooLargeError):
+                raise _refused(messages, futures, self._limits) from e
+        if failed:
+            raise failed[0]
 
     async def stop(self) -> None:
         """Close the producer (sending what it holds) and end the sink's thread; a second

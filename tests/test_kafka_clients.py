@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import ConcurrentTransactions
-from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler
+from aiokafka.producer.sender import AddOffsetsToTxnHandler, AddPartitionsToTxnHandler, Sender
 from aiokafka.structs import TopicPartition
 
 from tests.daemon_harness import consume_all, create_topic, produce
@@ -248,20 +248,71 @@ async def test_a_message_refused_for_its_size_names_its_topic_and_size(
     await create_topic(kafka_bootstrap, topic, configs={"max.message.bytes": "2000"})
     size = 5000 if limit == "topic" else kafka_connector.MAX_REQUEST_BYTES + 1
     txn = f"refused-{topic}" if exactly_once else None
-    sink = KafkaSink(kafka_bootstrap, "g", transactional_id=txn, topics=[topic])
+    group = f"g-{topic}"
+    sink = KafkaSink(kafka_bootstrap, group, transactional_id=txn, topics=[topic])
     await sink.start()
+    # exactly-once, the offsets go to the transaction while its messages are produced
+    offsets = {(topic, 0): 1} if exactly_once else {}
     try:
         fits = OutMessage(topic, b"k", b'{"fits": 1}')
         with pytest.raises(MessageRefused) as refused:
             async with asyncio.timeout(30):
-                await sink.deliver([fits, OutMessage(topic, b"k", b"x" * (size - 1))], {})
+                await sink.deliver([fits, OutMessage(topic, b"k", b"x" * (size - 1))], offsets)
         assert f"topic {topic!r}" in str(refused.value)
         assert f"{size:,} bytes" in str(refused.value)
     finally:
         await sink.stop()
-    # exactly-once: the refused delivery's transaction is aborted whole
+    # exactly-once: the refused delivery's transaction is aborted whole, offsets and all
     want = [] if exactly_once else [{"fits": 1}]
     assert await consume_all(kafka_bootstrap, topic, len(want), 10) == want
+    assert await committed(kafka_bootstrap, group, topic) is None
+
+
+async def committed(bootstrap: str, group: str, topic: str) -> int | None:
+    """The offset ``group`` has committed for partition 0 of ``topic``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(topic, 0))
+    finally:
+        await consumer.stop()
+
+
+async def test_a_transactions_offsets_go_to_the_broker_while_its_messages_are_produced(
+    kafka_bootstrap, monkeypatch
+):
+    """The offsets' two round trips (to the transaction's and the group's coordinator) are
+    not queued behind the messages' acknowledgement: a transaction costs the longer of the
+    two, not their sum."""
+    topic = f"overlap-{uuid.uuid4().hex[:8]}"
+    await create_topic(kafka_bootstrap, topic)
+    group = f"g-{topic}"
+    events: list[str] = []
+    produce_request = Sender._send_produce_req
+    add_offsets = AddOffsetsToTxnHandler.do
+
+    async def slow_produce(self, node_id, batches):
+        await asyncio.sleep(0.5)  # a produce request the broker is slow to acknowledge
+        result = await produce_request(self, node_id, batches)
+        events.append("produced")
+        return result
+
+    async def adding_offsets(self, node_id):
+        events.append("offsets")
+        return await add_offsets(self, node_id)
+
+    monkeypatch.setattr(Sender, "_send_produce_req", slow_produce)
+    monkeypatch.setattr(AddOffsetsToTxnHandler, "do", adding_offsets)
+    sink = KafkaSink(kafka_bootstrap, group, transactional_id=f"o-{topic}", topics=[topic])
+    await sink.start()
+    try:
+        async with asyncio.timeout(30):
+            await sink.deliver([OutMessage(topic, b"k", b'{"alert": 1}')], {(topic, 0): 5})
+    finally:
+        await sink.stop()
+    assert events[:2] == ["offsets", "produced"]
+    assert await consume_all(kafka_bootstrap, topic, 1, 10) == [{"alert": 1}]
+    assert await committed(kafka_bootstrap, group, topic) == 5
 
 
 @pytest.mark.parametrize("exactly_once", [False, True])
