@@ -310,7 +310,7 @@ async def test_a_transactions_offsets_go_to_the_broker_while_its_messages_are_pr
             await sink.deliver([OutMessage(topic, b"k", b'{"alert": 1}')], {(topic, 0): 5})
     finally:
         await sink.stop()
-    assert events[:2] == ["offsets", "produced"]
+    assert events.index("offsets") < events.index("produced")  # (asked again if refused)
     assert await consume_all(kafka_bootstrap, topic, 1, 10) == [{"alert": 1}]
     assert await committed(kafka_bootstrap, group, topic) == 5
 
