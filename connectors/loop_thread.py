@@ -2,7 +2,7 @@
 daemon's loop computes.
 
 The daemon's loop gives the clients it runs a turn only between the steps of a batch: a
-delivery whose exactly-once transaction takes five round trips in a row advanced about one
+delivery whose exactly-once transaction takes several round trips in a row advanced about one
 per batch step, and the loop then waited for the rest before it could send the next one
 (bench/pipeline_bench.py's "wait us/dec"). In a loop of its own, the client answers each
 response as it comes, taking the interpreter's lock from the daemon's loop for that moment.
