@@ -400,8 +400,9 @@ def pre_activation_bounds(
                     upper = optimized.upper
                 else:
                     upper, _ = _back_substitute(*args, noise=below, squash=_squash(network))
-                high[:, unstable] = np.minimum(high[:, unstable], upper[:, :n])
-                low[:, unstable] = np.maximum(low[:, unstable], -upper[:, n:])
+                low[:, unstable], high[:, unstable] = narrowed(
+                    low[:, unstable], high[:, unstable], -upper[:, n:], upper[:, :n]
+                )
         if signs is not None:
             low = np.where(signs[k] > 0, np.maximum(low, 0.0), low)
             high = np.where(signs[k] < 0, np.minimum(high, 0.0), high)
@@ -415,12 +416,13 @@ def narrowed(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bounds ``low``, ``high`` intersected with other bounds known to hold, never to an
     empty interval: two sound bounds of the same neuron contradict each other only by
-    rounding (of a neuron constant on the box), and only a sign assumption may show a
-    branch empty."""
-    return (
+    rounding (of a neuron constant on the box: the interval's bounds and back-substitution's,
+    or back-substitution's two), and only a sign assumption may show a branch empty."""
+    low, high = (
         np.maximum(low, np.minimum(known_low, high)),
         np.minimum(high, np.maximum(known_high, low)),
     )
+    return np.minimum(low, high), np.maximum(low, high)
 
 
 Squash = tuple[tuple[np.ndarray, ...], float, tuple[np.ndarray, ...] | None] | None
