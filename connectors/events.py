@@ -8,9 +8,10 @@ import json
 import math
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from itertools import chain
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, overload
 
 import msgspec
 import numpy as np
@@ -155,15 +156,43 @@ def read_envelopes(values: list[bytes | None]) -> Envelopes:
     )
 
 
-def read_decisions(records: list[Record], envelopes: Envelopes) -> list[Decision]:
-    """The decisions of the records whose values ``read_envelopes`` read: those
-    ``decode_decision`` gives, with ``x`` a row of the envelopes' matrix."""
-    return [
-        Decision(records[i], ident, model, row, y)
-        for i, ident, model, row, y in zip(
-            envelopes.read, envelopes.ids, envelopes.models, envelopes.x, envelopes.ys, strict=True
-        )
-    ]
+class DecisionRun(Sequence[Decision]):
+    """Consecutive decisions of a batch the decode worker read, held as its columns: their
+    records, ids, models and labels, and their inputs as rows of one matrix. A ``Decision``
+    is built only for one asked for (the i.o.r. rule reads the columns, and builds one for a
+    decision it alerts on), and is the one ``decode_decision`` gives, with ``x`` a row of
+    the matrix."""
+
+    __slots__ = ("_built", "ids", "models", "records", "x", "ys")
+
+    def __init__(
+        self,
+        records: list[Record],
+        ids: list[int | str],
+        models: list[str],
+        ys: list[Any],
+        x: np.ndarray,
+    ) -> None:
+        self.records, self.ids, self.models, self.ys, self.x = records, ids, models, ys, x
+        self._built: dict[int, Decision] = {}
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @overload
+    def __getitem__(self, i: int) -> Decision: ...
+    @overload
+    def __getitem__(self, i: slice) -> DecisionRun: ...
+    def __getitem__(self, i: int | slice) -> Decision | DecisionRun:
+        if isinstance(i, slice):
+            return DecisionRun(self.records[i], self.ids[i], self.models[i], self.ys[i], self.x[i])
+        i = range(len(self.records))[i]  # a negative index counts from the end
+        built = self._built.get(i)
+        if built is None:
+            built = self._built[i] = Decision(
+                self.records[i], self.ids[i], self.models[i], self.x[i], self.ys[i]
+            )
+        return built
 
 
 def _common(value: bytes) -> _Envelope | None:

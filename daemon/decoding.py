@@ -14,6 +14,7 @@ read.
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import socket
 import subprocess
@@ -21,14 +22,15 @@ import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import structlog
 
 from vigil.connectors.events import (
     Decision,
+    DecisionRun,
     Envelopes,
     Record,
     decode_decision,
-    read_decisions,
 )
 from vigil.daemon.decode_process import receive, send
 from vigil.daemon.metrics import Metrics
@@ -46,15 +48,46 @@ with two, the worker's slower batches are absorbed by its faster ones."""
 
 
 class Decoded:
-    """A batch's decisions read ahead; ``decision`` reads any other record itself."""
+    """A batch's decisions read ahead (``records``: the records the worker was given);
+    ``decision`` reads any other record itself."""
 
-    def __init__(self, decisions: Iterable[Decision] = ()) -> None:
-        self._read = {id(d.record): d for d in decisions}
+    def __init__(self, records: list[Record] | None = None, envelopes: Envelopes | None = None):
+        self._records = records or []
+        self._envelopes = envelopes
+        self._at = {id(r): i for i, r in enumerate(self._records)}
+        self._row = np.full(len(self._records), -1, dtype=np.int64)  # the envelope of each
+        if envelopes is not None:
+            self._row[envelopes.read] = np.arange(len(envelopes.read))
 
     def decision(self, record: Record) -> Decision:
         """The record's decision; raises ``BadEvent`` as ``decode_decision`` does."""
-        d = self._read.get(id(record))
-        return decode_decision(record) if d is None else d
+        at = self._at.get(id(record))
+        row = -1 if at is None else int(self._row[at])
+        if row < 0:
+            return decode_decision(record)
+        e = self._envelopes
+        assert e is not None
+        return Decision(record, e.ids[row], e.models[row], e.x[row], e.ys[row])
+
+    def run(self, records: list[Record]) -> DecisionRun | None:
+        """The decisions of ``records`` as one run, when they are consecutive records of
+        the batch read and the worker read every one of them; else None."""
+        first = self._at.get(id(records[0])) if records else None
+        if first is None:
+            return None
+        stop = first + len(records)
+        if stop > len(self._records):
+            return None
+        row, last = int(self._row[first]), int(self._row[stop - 1])
+        # rows number the records read in order: both ends read n - 1 rows apart, all are
+        if row < 0 or last - row != len(records) - 1:
+            return None
+        if not all(map(operator.is_, self._records[first:stop], records)):
+            return None
+        e = self._envelopes
+        assert e is not None
+        rows = slice(row, last + 1)
+        return DecisionRun(records, e.ids[rows], e.models[rows], e.ys[rows], e.x[rows])
 
 
 _ONE_BLAS_THREAD = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -172,7 +205,7 @@ class DecodeWorker:
                 self.close()
             return Decoded()
         self.metrics.decode_worker_events.inc(len(envelopes.read))
-        return Decoded(read_decisions(records, envelopes))
+        return Decoded(records, envelopes)
 
     def _report(self, error: BaseException) -> None:
         log.warning("decode_worker_failed", error=repr(error))

@@ -15,7 +15,7 @@ import asyncio
 import time
 from bisect import bisect_left
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -549,17 +549,13 @@ class Pipeline:
         rules = [r for r in rules if r.wants_decisions(tp[0])]
         if not rules:
             return out
-        decisions: list[Decision] = []
-        by_model: dict[str, list[Decision]] = defaultdict(list)
-        for r in records:
-            try:
-                d = decoded.decision(r)
-            except BadEvent as e:
-                if r.offset >= emit_from:
-                    out.append(self._dead(r, e.reason, str(e)))
-                continue
-            decisions.append(d)
-            by_model[d.model].append(d)
+        decisions: Sequence[Decision]
+        by_model: dict[str, Sequence[Decision]]
+        run = decoded.run(records)
+        if run is not None and len(models := set(run.models)) == 1:  # a backlog's usual batch
+            decisions, by_model = run, {models.pop(): run}
+        else:
+            decisions, by_model = self._decisions(records, decoded, emit_from, out)
         routed: set[str] = set()
         for rule in rules:
             served = [model for model in by_model if rule.serves(model)]
@@ -572,8 +568,26 @@ class Pipeline:
             self.metrics.events.labels("", "unrouted").inc(unrouted)
         return out
 
+    def _decisions(
+        self, records: list[Record], decoded: Decoded, emit_from: int, out: list[Answer]
+    ) -> tuple[list[Decision], dict[str, list[Decision]]]:
+        """The records' decisions, and grouped by model; the dead letters of the others
+        (live ones) go to ``out``."""
+        decisions: list[Decision] = []
+        by_model: dict[str, list[Decision]] = defaultdict(list)
+        for r in records:
+            try:
+                d = decoded.decision(r)
+            except BadEvent as e:
+                if r.offset >= emit_from:
+                    out.append(self._dead(r, e.reason, str(e)))
+                continue
+            decisions.append(d)
+            by_model[d.model].append(d)
+        return decisions, by_model
+
     async def _check_all(
-        self, rule: Rule, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, rule: Rule, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> list[Answer]:
         """Check ``decisions`` in order, ``max_batch`` at a time: a rule that makes decisions
         of the records it reads (a serving stack's requests of many rows) can have many more
@@ -585,7 +599,7 @@ class Pipeline:
         return out
 
     async def _check(
-        self, rule: Rule, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, rule: Rule, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> list[Answer]:
         """One check of at most ``max_batch`` decisions, counted in the metrics."""
         result = await rule.check(tp, decisions, emit_from)
@@ -753,8 +767,8 @@ def _delivered(delivery: asyncio.Task) -> bool:
 
 
 def _of_models(
-    decisions: list[Decision], by_model: dict[str, list[Decision]], models: list[str]
-) -> list[Decision]:
+    decisions: Sequence[Decision], by_model: dict[str, Sequence[Decision]], models: list[str]
+) -> Sequence[Decision]:
     """The decisions of ``models``, in stream order (``by_model``: ``decisions`` grouped)."""
     if len(models) == len(by_model):
         return decisions
@@ -764,7 +778,7 @@ def _of_models(
     return [d for d in decisions if d.model in wanted]
 
 
-def _first_at(decisions: list[Decision], offset: int) -> int:
+def _first_at(decisions: Sequence[Decision], offset: int) -> int:
     """The index of the first decision at ``offset`` or later (offsets increase)."""
     if not decisions or decisions[0].record.offset >= offset:
         return 0

@@ -885,10 +885,11 @@ def test_a_backlog_decoded_in_the_worker_gives_the_loops_alerts_and_dead_letters
     x = rng.integers(0, 8, size=(4000, 3)) / 8
     y = rng.integers(0, 2, size=4000)
     values = _decisions(x, y)
-    bad = {  # offsets in the stream: each kind in the worker's batches and in the loop's
-        500: b"{not json",
+    bad = {  # offsets in the stream: each kind in the worker's batches and in the loop's;
+        # the first batch has none (the worker read all of it: one run of decisions)
         1500: b'{"id": "b", "model": "m", "x": [0.5], "y": 1}',
         2500: b'{"id": "c", "model": "m", "x": [0.5, "a", 1], "y": 1}',
+        3500: b"{not json",
         3999: b'{"id": "d", "model": "m", "x": [0.5, 1e999, 1], "y": 1}',
     }
     for at, value in sorted(bad.items()):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,9 +21,9 @@ from hypothesis import strategies as st
 from tests.test_decode_fast_path import events, texts, typed, valid
 from vigil.connectors.events import (
     BadEvent,
+    DecisionRun,
     Record,
     decode_decision,
-    read_decisions,
     read_envelopes,
 )
 from vigil.daemon.decode_process import receive, send
@@ -40,7 +41,7 @@ def outcome(decode, record: Record) -> tuple:
 
 
 def read_ahead(records: list[Record]) -> Decoded:
-    return Decoded(read_decisions(records, read_envelopes([r.value for r in records])))
+    return Decoded(records, read_envelopes([r.value for r in records]))
 
 
 values = st.one_of(
@@ -59,6 +60,43 @@ def test_a_batch_read_ahead_gives_what_each_record_gives(batch):
     decoded = read_ahead(records)
     for r in records:
         assert outcome(decoded.decision, r) == outcome(decode_decision, r)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(values, max_size=12), st.data())
+def test_a_run_of_a_batch_read_ahead_is_its_records_decisions_or_none(batch, data):
+    """A run is offered exactly when the records asked for are consecutive records of the
+    batch, every one read by the worker; its decisions are those each record gives."""
+    records = [Record("t", 0, i, v) for i, v in enumerate(batch)]
+    decoded = read_ahead(records)
+    start = data.draw(st.integers(0, len(records)))
+    stop = data.draw(st.integers(start, len(records)))
+    asked = records[start:stop]
+    if data.draw(st.booleans()) and asked:  # or a copy of one of them, not the batch's own
+        at = data.draw(st.integers(0, len(asked) - 1))
+        asked = [*asked[:at], Record(*msgspec.structs.astuple(asked[at])), *asked[at + 1 :]]
+    run = decoded.run(asked)
+
+    def read_by_worker(r: Record) -> bool:
+        try:
+            return isinstance(decoded.decision(r).x, np.ndarray)
+        except BadEvent:
+            return False
+
+    own = all(a is b for a, b in zip(asked, records[start:stop], strict=True))
+    all_read = all(map(read_by_worker, asked))
+    assert (run is not None) == (bool(asked) and own and all_read)
+    if run is None:
+        return
+    assert isinstance(run, DecisionRun) and len(run) == len(asked)
+    assert run.x.shape[0] == len(asked)
+    for i, r in enumerate(asked):
+        assert outcome(lambda _, d=run[i]: d, r) == outcome(decode_decision, r)
+        assert run[i] is run[i - len(asked)]  # built once, negative indices alike
+        assert run.x[i].tolist() == run[i].x.tolist()
+    half = run[len(run) // 2 :]
+    assert all(d.record is r for d, r in zip(half, asked[len(run) // 2 :], strict=True))
+    assert half.ids == run.ids[len(run) // 2 :]
 
 
 def test_the_envelopes_of_the_most_common_width_are_read_ahead_and_the_rest_left():

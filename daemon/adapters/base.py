@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,7 +119,7 @@ class Rule:
         return True
 
     async def check(
-        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> RuleResult:
         return RuleResult()
 

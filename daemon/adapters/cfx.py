@@ -3,6 +3,7 @@ robustness to model shifts (APΔS delta_max), computed in the offload pool."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ class CfxRule(PooledRule):
         return self.config.model is None or model == self.config.model
 
     async def check(
-        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> RuleResult:
         result = RuleResult()
         c = self.config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 
 from vigil.connectors.base import OutMessage, TopicPartition
-from vigil.connectors.events import Decision, encode, now_iso
+from vigil.connectors.events import Decision, DecisionRun, encode, now_iso
 from vigil.daemon.adapters.base import (
     Answer,
     Rule,
@@ -62,7 +62,7 @@ class IorRule(Rule):
         return monitor.size if monitor else 0
 
     async def check(
-        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> RuleResult:
         """Check decisions of one partition in order; alerts only for offsets >= emit_from
         (earlier ones are being replayed into the state after a restart)."""
@@ -89,7 +89,8 @@ class IorRule(Rule):
                 **options,
             )
         started = time.perf_counter()
-        w = monitor.check_batch(x, y, [d.id for d in good])
+        ids = good.ids if isinstance(good, DecisionRun) else [d.id for d in good]
+        w = monitor.check_batch(x, y, ids)
         result.seconds = time.perf_counter() - started
         result.checked = len(good)
         rows = w.flagged
@@ -118,7 +119,7 @@ class IorRule(Rule):
             result.alerts = len(emit)
         return result
 
-    def _read_inputs(self, decisions: list[Decision], result: RuleResult) -> list[Decision]:
+    def _read_inputs(self, decisions: Sequence[Decision], result: RuleResult) -> list[Decision]:
         """Each decision with ``x`` replaced by the input this rule compares (its embedding,
         or its named features in the configured order); the others are dead-lettered."""
         out = []
@@ -240,7 +241,7 @@ def _read_embedding(config: IorRuleConfig) -> tuple[OnnxEmbedding, int]:
     return embedding, dim
 
 
-def _first_length(decisions: list[Decision], field_name: str = "x") -> int:
+def _first_length(decisions: Sequence[Decision], field_name: str = "x") -> int:
     for d in decisions:
         value = getattr(d, field_name)
         if isinstance(value, list | np.ndarray) and len(value):
@@ -251,8 +252,11 @@ def _first_length(decisions: list[Decision], field_name: str = "x") -> int:
 def _as_arrays(decisions, dim: int, out_dim: int, labels: bool):
     """The batch as arrays when every event is well-formed (the common case), else None."""
     try:
-        x = np.array([d.x for d in decisions])
-        y = np.array([d.y for d in decisions])
+        if isinstance(decisions, DecisionRun):  # read by the decode worker: one matrix
+            x, y = decisions.x, np.array(decisions.ys)
+        else:
+            x = np.array([d.x for d in decisions])
+            y = np.array([d.y for d in decisions])
     except ValueError:  # ragged
         return None, None
     if x.dtype.kind not in "if" or dim == 0 or x.shape != (len(decisions), dim):

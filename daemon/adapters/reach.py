@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlparse
@@ -101,7 +102,7 @@ class ReachRule(Rule):
         return len(self.windows.get(tp, ()))
 
     async def check(
-        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> RuleResult:
         started = time.perf_counter()
         result = RuleResult()
@@ -269,7 +270,7 @@ class ReachRule(Rule):
         self.pool.shutdown()
 
 
-def _well_formed(decisions: list[Decision], dim: int | None) -> np.ndarray | None:
+def _well_formed(decisions: Sequence[Decision], dim: int | None) -> np.ndarray | None:
     """The batch's inputs as one array when all are finite numbers of one length (the usual
     case), else None."""
     try:

@@ -19,7 +19,7 @@ same decisions in the same order.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -268,7 +268,7 @@ class ServingJoin(Rule):
         return True
 
     async def check(
-        self, tp: TopicPartition, decisions: list[Decision], emit_from: int
+        self, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
     ) -> RuleResult:
         return await self.checker.check(tp, decisions, emit_from)
 
