@@ -40,8 +40,17 @@ class LoopThread:
         self._loop.close()
 
 
+CANCEL_ROUND_SECONDS = 1.0
+"""How long ``close`` waits for cancelled tasks before it cancels those left again."""
+
+
 async def _cancel_the_others() -> None:
-    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in others:
-        task.cancel()
-    await asyncio.gather(*others, return_exceptions=True)
+    """Cancel every other task of the loop until all have ended. A task may wait, as it
+    unwinds, for another one cancelled with it: aiokafka's abort of a transaction waits for
+    its sender, which ends on cancellation without answering. Cancelled again, the waiting
+    task stops waiting; cancelled once and awaited, it would hold ``close`` forever."""
+    current = asyncio.current_task()
+    while others := [t for t in asyncio.all_tasks() if t is not current]:
+        for task in others:
+            task.cancel()
+        await asyncio.wait(others, timeout=CANCEL_ROUND_SECONDS)

@@ -64,3 +64,39 @@ async def test_cancelling_the_caller_cancels_the_work_and_close_ends_the_thread(
     assert "test-io-closed" not in {t.name for t in threading.enumerate()}
     running.cancel()
     await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_close_ends_a_task_that_waits_as_it_unwinds_for_another_cancelled_with_it(
+    monkeypatch,
+):
+    """The pattern of aiokafka's transaction abort: a delivery cancelled at shutdown waits,
+    shielded, for an answer only the producer's sender task gives, and the sender, cancelled
+    in the same pass, ends without giving it."""
+    monkeypatch.setattr("vigil.connectors.loop_thread.CANCEL_ROUND_SECONDS", 0.1)
+    io = LoopThread("test-io-abort")
+    unwinding = threading.Event()
+    tasks: list[asyncio.Future] = []
+
+    async def start() -> None:
+        answer = asyncio.get_running_loop().create_future()
+
+        async def sender() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                return  # ends without answering, as aiokafka's sender does
+
+        async def delivery() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:  # the abort
+                unwinding.set()
+                await asyncio.shield(answer)
+
+        tasks.extend((asyncio.ensure_future(sender()), asyncio.ensure_future(delivery())))
+        await asyncio.sleep(0)
+
+    await io.run(start())
+    await asyncio.wait_for(io.close(), timeout=10)
+    assert unwinding.is_set()
+    assert "test-io-abort" not in {t.name for t in threading.enumerate()}
