@@ -22,7 +22,8 @@ so that the loop reads every event: the baseline of daemon/decoding.py), in one 
    broker and the clients take without the daemon, measured in the same run. A decision's
    alert makes two such trips.
 The daemon's peak resident memory (VmHWM) is reported after each mode, and its child
-processes' (the decode worker) beside it. The stream is
+processes' (the decode worker) beside it. The machine's speed is printed before and after
+(``streams.machine_reference``): read the rates beside it. The stream is
 adult-base-P1 from ../shared/data when present (repeated to reach N), else a synthetic
 stream of the same shape (30 features, 26 binary).
 """
@@ -49,7 +50,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from streams import CERTIFAIR_ZIP, certifair  # noqa: E402
+from streams import CERTIFAIR_ZIP, certifair, machine_reference  # noqa: E402
 
 from tests.daemon_harness import Daemon, create_topic, metric_samples, wait_http  # noqa: E402
 
@@ -338,6 +339,7 @@ async def main() -> int:
         f"stream: {name}, {len(x)} decisions, {x.shape[1]} features; rule: i.o.r. linf "
         f"eps 0.04 auto; latency phase {args.rate}/s for {args.latency_seconds} s"
     )
+    print(f"machine reference before: {machine_reference():.2f} us CPU a decision", flush=True)
     print(
         f"{'mode':<20}{'decisions/s':>12}{'CPU us/dec':>11}{'wait us/dec':>12}"
         f"{'worker us/dec':>14}{'GCs':>6}"
@@ -363,6 +365,7 @@ async def main() -> int:
             )
     if args.repeats > 1:
         summarize(runs, modes)
+    print(f"machine reference after: {machine_reference():.2f} us CPU a decision")
     return 0
 
 

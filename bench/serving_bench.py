@@ -12,7 +12,8 @@ then a fresh exactly-once `vigil run` drains them. Decisions per second = N / (t
 rule's N-th check - time the daemon first moved: its first forward or check), from its own
 metrics; CPU microseconds per decision of the whole daemon over the same interval. Medians
 over ``--repeats`` runs, the formats alternating; "paired" is the median over repeats of a
-format's rate over the Vigil JSON rate of the same repeat.
+format's rate over the Vigil JSON rate of the same repeat. The machine's speed is printed
+before and after (``streams.machine_reference``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from pipeline_bench import cpu_seconds, events, poll_interval, produce_all, stream  # noqa: E402
+from streams import machine_reference  # noqa: E402
 
 from tests.daemon_harness import Daemon, create_topic, metric_samples, wait_http  # noqa: E402
 from tests.test_serving_kafka import request_bytes, response_bytes  # noqa: E402
@@ -125,6 +127,7 @@ async def main() -> int:
     if "vigil" not in formats:
         p.error("--formats must include vigil, the baseline")
     print(f"stream: {name}, {len(x)} decisions, {x.shape[1]} features; exactly-once")
+    print(f"machine reference before: {machine_reference():.2f} us CPU a decision", flush=True)
     results: dict[str, list[tuple[float, float]]] = {f: [] for f in formats}
     for r in range(args.repeats):
         for fmt in formats:
@@ -142,6 +145,7 @@ async def main() -> int:
             r / v for (r, _), (v, _) in zip(results[fmt], results["vigil"], strict=True)
         )
         print(f"{fmt:<12}{rate:>12.0f}{cpu:>12.1f}{rate / base:>10.2f}{paired:>8.2f}")
+    print(f"machine reference after: {machine_reference():.2f} us CPU a decision")
     return 0
 
 

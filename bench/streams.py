@@ -1,7 +1,11 @@
-"""Decision streams for benchmarks: the shared Certifair streams and synthetic ones."""
+"""Decision streams for benchmarks: the shared Certifair streams and synthetic ones; and the
+machine's speed at the moment, to read a benchmark's numbers beside."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -35,3 +39,19 @@ def synthetic(n: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     flip = rng.random(n) < 0.02
     y[flip] = 1 - y[flip]
     return np.hstack([cats, cont]), y
+
+
+def machine_reference(n: int = 50_000, repeats: int = 2) -> float:
+    """The machine's speed at the moment: CPU microseconds a decision of
+    bench/pipeline_cpu.py's broker-free drain of ``n`` decisions (best of ``repeats``), in a
+    process of its own. The Kafka benchmarks print it before and after their runs: this
+    machine's speed drifts by half within minutes, so their numbers are read beside the
+    reference taken with them (docs/benchmarks.md). It moves with the daemon's own in-loop
+    path, not with Kafka's clients or the decode worker."""
+    script = Path(__file__).with_name("pipeline_cpu.py")
+    command = [sys.executable, str(script), "--n", str(n), "--repeats", str(repeats)]
+    out = subprocess.run([*command, "--steady", "0"], capture_output=True, text=True, check=True)
+    found = re.search(r"([\d.]+) us CPU per decision best", out.stdout)
+    if found is None:
+        raise RuntimeError(f"no drain time in the reference's output: {out.stdout!r}")
+    return float(found.group(1))
