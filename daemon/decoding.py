@@ -51,7 +51,9 @@ class Decoded:
     """A batch's decisions read ahead (``records``: the records the worker was given);
     ``decision`` reads any other record itself."""
 
-    def __init__(self, records: list[Record] | None = None, envelopes: Envelopes | None = None):
+    def __init__(
+        self, records: list[Record] | None = None, envelopes: Envelopes | None = None
+    ) -> None:
         self._records = records or []
         self._envelopes = envelopes
         self._at = {id(r): i for i, r in enumerate(self._records)}
