@@ -770,6 +770,8 @@ def _of_models(
     decisions: Sequence[Decision], by_model: dict[str, Sequence[Decision]], models: list[str]
 ) -> Sequence[Decision]:
     """The decisions of ``models``, in stream order (``by_model``: ``decisions`` grouped)."""
+    if not models:
+        return []
     if len(models) == len(by_model):
         return decisions
     if len(models) == 1:
