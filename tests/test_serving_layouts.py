@@ -202,6 +202,9 @@ def _rows_outcome(role: str, tensors: list, selection: TensorSelection):
 
 _T0_BOOLS = b"*\x1b\n\x02t0\x12\x04BOOL\x1a\x02\x03\x03*\x0b\n\t"
 _T1_BOOLS = b"*\x14\n\x02t1\x12\x04BOOL\x1a\x02\x01\x02*\x04\n\x02\x00\x00"
+_ONE_BOOL = (
+    b"\n\x01m*\x13\n\x02t0\x12\x04BOOL\x1a\x02\x01\x01*\x03\n\x01"  # one [1, 1] BOOL, its byte next
+)
 _HEAD = b'\n\x01m"\x12\n\x0ccontent_type\x12\x02\x1a\x00"\x07\n\x01a\x12\x02\x1a\x00'
 
 
@@ -224,6 +227,14 @@ _HEAD = b'\n\x01m"\x12\n\x0ccontent_type\x12\x02\x1a\x00"\x07\n\x01a\x12\x02\x1a
         + [_HEAD + _T0_BOOLS + bytes(8) + b"\x80" + _T1_BOOLS],
     ),
     chosen="t1",
+)
+@example(  # a boolean written as the varint 2: protobuf reads it as true, a row as 1.0
+    stream=("request", [_ONE_BOOL + b"\x00", _ONE_BOOL + b"\x00", _ONE_BOOL + b"\x02"]),
+    chosen=None,
+)
+@example(
+    stream=("response", [_ONE_BOOL + b"\x01", _ONE_BOOL + b"\x01", _ONE_BOOL + b"\x05"]),
+    chosen=None,
 )
 def test_a_row_read_by_layout_is_the_row_its_parse_gives(stream, chosen):
     """As the join reads a message: its row by layout when it has one, else its tensors.

@@ -162,9 +162,14 @@ class RowReader:
         from a message its layout ``matches`` (which checks one-byte values are so)."""
         if self.one_byte:
             chunk = payload[self.start : self.start + self.count]
-            if self.kind == "label":
+            if self.dtype.kind == "b":  # protobuf reads any non-zero varint as true
+                data = np.frombuffer(chunk, np.uint8) != 0
+                if self.kind == "label":
+                    return int(data[0])
+            elif self.kind == "label":
                 return chunk[0]
-            data = np.frombuffer(chunk, np.uint8)
+            else:
+                data = np.frombuffer(chunk, np.uint8)
         else:
             data = np.ndarray((self.count,), self.dtype, payload, self.start)
         if self.kind == "input":
