@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from tests.test_serving_kafka import request_bytes, response_bytes
 from vigil.connectors.events import Record
+from vigil.connectors.serving.layouts import BLOCK_FROM
+from vigil.connectors.serving.rows import RowReader
 from vigil.daemon.adapters.base import RuleContext, RuleResult
 from vigil.daemon.adapters.serving import ServingJoin, serving_rules
 from vigil.daemon.config import parse_config
@@ -157,26 +159,32 @@ def outcome(join: ServingJoin, records: list[Record], emit_from: int) -> list:
 @given(
     st.lists(st.sampled_from(KINDS), min_size=1, max_size=40),
     st.integers(0, 2**16),
-    st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    st.lists(st.integers(1, 40), min_size=1, max_size=4),
     st.integers(0, 6),
 )
 def test_reading_by_layout_gives_what_decoding_every_record_gives(kinds, seed, per, emit_from):
     records = packs(kinds, seed, per)
     fast = join_stage()
     general = join_stage()
-    general._took_by_layout = lambda *args: False  # every record read by ``seldon.decode``
+    general._layout_rows = lambda carried: [None] * len(carried)  # all by ``seldon.decode``
     # both learn the layouts from the same first messages
     assert outcome(fast, records, emit_from) == outcome(general, records, emit_from)
 
 
-def test_the_layout_way_is_taken_for_one_row_traffic():
-    """Else the property above would compare the general way with itself."""
-    records = packs(["plain"] * 20, 0, [5], delay=TIMEOUT_MS - 1)
+def test_the_layout_way_is_taken_for_one_row_traffic(monkeypatch):
+    """Else the property above would compare the general way with itself: records read by
+    layout, a pack's messages of one size as a block."""
+    records = packs(["plain"] * 40, 0, [5, 30], delay=TIMEOUT_MS - 1)
     join = join_stage()
-    took = []
-    inner = join._took_by_layout
-    join._took_by_layout = lambda *args: took.append(inner(*args)) or took[-1]
+    took, blocks = [], []
+    inner = join._take_row
+    join._take_row = lambda *args: took.append(inner(*args))
+    many = RowReader.many
+    monkeypatch.setattr(
+        RowReader, "many", lambda self, block: blocks.append(len(block)) or many(self, block)
+    )
     tp = ("g.r.join", 0)
     decisions = [d for r in records for d in asyncio.run(join.handle(tp, [r], 0)).decisions]
-    assert len(decisions) == 20
-    assert took.count(True) >= 36  # all but the layouts' first messages, which are parsed
+    assert len(decisions) == 40
+    assert len(took) == 75  # all but the first pack's, read before any layout was learned
+    assert sum(blocks) >= 2 * BLOCK_FROM

@@ -4,6 +4,8 @@ parse itself, ``layouts.parse``)."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
@@ -254,6 +256,51 @@ def test_a_row_read_by_layout_is_the_row_its_parse_gives(stream, chosen):
         if isinstance(got, list):
             got = [_nan_named(v) for v in got]
         assert expected is not None and got == expected
+
+
+_ID_REQUEST = message("request", "abcdefgh", [("t0", "FP64", np.ones((1, 2)))], True, {})
+
+
+def _row_seen(row):
+    """A row as compared: its type, and its values with NaNs named."""
+    if isinstance(row, np.ndarray):
+        return "array", row.dtype, [_nan_named(v) for v in row.tolist()]
+    if isinstance(row, list):
+        return "list", [_nan_named(v) for v in row]
+    return type(row).__name__, row
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=streams(),
+    chosen=st.sampled_from([None, "t0", "t1"]),
+    order=st.randoms(use_true_random=False),
+)
+@example(  # a one-byte value of 128 or more: the message holds eight booleans, not nine
+    stream=(
+        "request",
+        [_HEAD + _T0_BOOLS + bytes(9) + _T1_BOOLS] * 2
+        + [_HEAD + _T0_BOOLS + b"\x80" + bytes(8) + _T1_BOOLS],
+    ),
+    chosen="t1",
+    order=random.Random(0),
+)
+@example(  # an id that is not UTF-8: the parse refuses the message
+    stream=("request", [_ID_REQUEST, _ID_REQUEST.replace(b"abcdefgh", b"abc\xffefgh")]),
+    chosen=None,
+    order=random.Random(0),
+)
+def test_messages_read_together_give_the_rows_each_gives_alone(stream, chosen, order):
+    """The join reads a pack's messages of one size as a block: each message's row, or
+    None, is what reading it alone gives, for matching, corrupted and non-ASCII-id ones."""
+    role, payloads = stream
+    layouts = Layouts(TensorSelection(input_tensor=chosen, output_tensor=chosen))
+    for payload in payloads:
+        outcome(lambda p: layouts.tensors(role, p), payload)  # learns, as decode does
+    block = payloads * layouts_module.BLOCK_FROM  # each size at least a block's worth
+    order.shuffle(block)
+    together = layouts.rows(role, block)
+    assert [_row_seen(r) for r in together] == [_row_seen(layouts.row(role, p)) for p in block]
 
 
 def test_one_row_traffic_is_read_as_rows_after_its_first_messages():

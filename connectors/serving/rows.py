@@ -144,6 +144,10 @@ def decision_rows(
 
 _FLOAT64 = np.dtype(np.float64)
 
+Row = np.ndarray | int | list[float]
+"""A decision's one row as ``Decision`` holds it: the input as a float64 vector, the output
+as an int label or a list of probabilities."""
+
 
 @dataclass(frozen=True, slots=True)
 class RowReader:
@@ -157,7 +161,7 @@ class RowReader:
     one_byte: bool  # varints of one byte each: read as uint8, all under 128
     kind: Literal["input", "label", "probabilities"]
 
-    def __call__(self, payload: bytes) -> np.ndarray | int | list[float]:
+    def __call__(self, payload: bytes) -> Row:
         """The input as a float64 vector, the label as an int, the probabilities as a list,
         from a message its layout ``matches`` (which checks one-byte values are so)."""
         if self.one_byte:
@@ -177,6 +181,23 @@ class RowReader:
             return data if data.dtype is _FLOAT64 else data.astype(np.float64)
         if self.kind == "label":
             return int(data.astype(np.int64)[0])
+        return data.astype(np.float64).tolist()
+
+    def many(self, block: np.ndarray) -> list[Row]:
+        """The row of each message of an ``(n, size)`` block of bytes, each as the call
+        reads it from a message its layout matches."""
+        if self.one_byte:
+            data = block[:, self.start : self.start + self.count]
+            if self.dtype.kind == "b":
+                data = data != 0
+        else:
+            width = self.count * self.dtype.itemsize
+            chunk = np.ascontiguousarray(block[:, self.start : self.start + width])
+            data = chunk.view(self.dtype)
+        if self.kind == "input":
+            return list(data.astype(np.float64, copy=False))
+        if self.kind == "label":
+            return data[:, 0].astype(np.int64).tolist()
         return data.astype(np.float64).tolist()
 
 

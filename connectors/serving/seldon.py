@@ -10,9 +10,9 @@ later). A failed inference is a text value with the header ``seldon-pipeline-err
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
-import numpy as np
 import orjson
 from google.protobuf.message import DecodeError
 
@@ -20,6 +20,9 @@ from vigil.connectors.events import BadEvent, Record
 from vigil.connectors.serving.layouts import Layouts, parse
 from vigil.connectors.serving.message import Inference, Role
 from vigil.connectors.serving.oip import from_json
+from vigil.connectors.serving.rows import Row
+
+Headers = tuple[tuple[str, bytes], ...]
 
 ERROR_HEADER = "seldon-pipeline-errors"
 TYPE_HEADER = "seldon-infer-type"
@@ -115,13 +118,37 @@ def decode(record: Record, model: str, layouts: Layouts | None = None) -> Infere
     return Inference(key, request_id(key), role, model, _parsed(role, payload, layouts))
 
 
-def layout_row(
-    role: Role, value: bytes, headers: tuple[tuple[str, bytes], ...], layouts: Layouts
-) -> np.ndarray | int | list[float] | None:
+def layout_row(role: Role, value: bytes, headers: Headers, layouts: Layouts) -> Row | None:
     """The decision row of a value from ``role``'s topic, read by a known layout: for a
     record that is neither an error nor a response on a request topic; None for any other
     (``decode`` reads it). Takes a record's fields, so the join builds no record for a side
     it pairs at once."""
+    payload = _by_layout(role, value, headers)
+    return None if payload is None else layouts.row(role, payload)
+
+
+def layout_rows(
+    role: Role, values: Sequence[bytes], headers: Sequence[Headers], layouts: Layouts
+) -> list[Row | None]:
+    """``layout_row`` of each of ``role``'s messages (``values`` and their ``headers``), in
+    order, read together by ``Layouts.rows``."""
+    if not any(headers) and all(value[:1] != b"\0" for value in values):
+        return layouts.rows(role, values)  # the usual case: plain messages
+    out: list[Row | None] = [None] * len(values)
+    where, payloads = [], []
+    for i, (value, named) in enumerate(zip(values, headers, strict=True)):
+        payload = _by_layout(role, value, named)
+        if payload is not None:
+            where.append(i)
+            payloads.append(payload)
+    for i, row in zip(where, layouts.rows(role, payloads), strict=True):
+        out[i] = row
+    return out
+
+
+def _by_layout(role: Role, value: bytes, headers: Headers) -> bytes | None:
+    """The protobuf bytes of a value to be read by layout, or None for an error, a response
+    on a request topic, or a framing ``decode`` refuses."""
     typed = None
     for name, data in headers:
         if name == ERROR_HEADER:
@@ -132,10 +159,10 @@ def layout_row(
         return None
     if value[:1] == b"\0":  # schema-registry framing
         try:
-            value = unframe(value)
+            return unframe(value)
         except BadEvent:
             return None  # ``decode`` says why
-    return layouts.row(role, value)
+    return value
 
 
 def _parsed(role: Role, payload: bytes, layouts: Layouts | None = None) -> list:

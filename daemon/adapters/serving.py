@@ -32,7 +32,8 @@ from vigil.connectors.events import BadEvent, Decision, Record, dead_letter, enc
 from vigil.connectors.serving import kserve, seldon
 from vigil.connectors.serving.layouts import Layouts
 from vigil.connectors.serving.message import Inference, Role
-from vigil.connectors.serving.rows import TensorSelection, decision_rows
+from vigil.connectors.serving.rows import Row, TensorSelection, decision_rows
+from vigil.connectors.serving.seldon import Headers
 from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StatePart
 from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
@@ -200,8 +201,10 @@ class ServingJoin(Rule):
                 if live:
                     result.events.append(self._dead(record, record, e.reason, str(e)))
                 continue
-            for fields in carried:
-                if by_layout and self._took_by_layout(join, record, fields, live, result):
+            rows = self._layout_rows(carried) if by_layout else repeat(None)
+            for fields, row in zip(carried, rows, strict=False):  # ``repeat`` for KServe
+                if row is not None:
+                    self._take_row(join, record, fields, row, live, result)
                     continue
                 source = Record(*fields)
                 try:
@@ -224,25 +227,45 @@ class ServingJoin(Rule):
         result.seconds = time.perf_counter() - started
         return result
 
-    def _took_by_layout(
-        self, join: Join, record: Record, fields: Fields, live: bool, result: RuleResult
-    ) -> bool:
-        """Take a keyed Seldon record whose row reads by a known layout (``seldon.decode``'s
-        common case, read the same way): whether it was taken, or is left to ``decode``.
-        A side that pairs at once with one read so too becomes a decision without a record,
-        an inference or a ``Waiting`` built for it."""
-        topic, _, _, value, key, headers, timestamp = fields
+    def _layout_rows(self, carried: list[Fields]) -> list[Row | None]:
+        """The decision row of each carried Seldon record that reads by a known layout
+        (``seldon.decode``'s common case, read the same way), the records of each role read
+        together; None for any other record (``decode`` reads it)."""
+        rows: list[Row | None] = [None] * len(carried)
+        sides: dict[Role, tuple[list[int], list[bytes], list[Headers]]] = {}
+        for i, (topic, _, _, value, key, headers, _) in enumerate(carried):
+            role = self._role(topic)
+            if role is None or not key or value is None:
+                continue
+            where, values, named = sides.setdefault(role, ([], [], []))
+            where.append(i)
+            values.append(value)
+            named.append(headers)
+        for role, (where, values, named) in sides.items():
+            read = seldon.layout_rows(role, values, named, self.layouts)
+            for i, row in zip(where, read, strict=True):
+                rows[i] = row
+        return rows
+
+    def _role(self, topic: str) -> Role | None:
+        """A Seldon topic's side, or None for another topic (``decode`` says why)."""
         role = self._roles.get(topic)
         if role is None:
             try:
                 role = self._roles[topic] = seldon.role_of(topic)
             except ValueError:
-                return False  # ``decode`` says why
-        if not key or value is None:
-            return False
-        row = seldon.layout_row(role, value, headers, self.layouts)
-        if row is None:
-            return False
+                return None
+        return role
+
+    def _take_row(
+        self, join: Join, record: Record, fields: Fields, row: Row, live: bool, result: RuleResult
+    ) -> None:
+        """Take a keyed Seldon record whose ``row`` was read by layout. A side that pairs at
+        once with one read so too becomes a decision without a record, an inference or a
+        ``Waiting`` built for it."""
+        topic, _, _, _, key, _, timestamp = fields
+        role = self._roles[topic]
+        assert key is not None
         join_key = key.decode(errors="replace")
         partner, expired = join.take(join_key, role, timestamp)
         if live and expired:
@@ -253,7 +276,7 @@ class ServingJoin(Rule):
             else:
                 ident, x_row, y_row = seldon.request_id(join_key), row, partner.inference.row
             result.decisions.append(self._decision(record, ident, x_row, y_row))
-            return True
+            return
         model = self.config.model
         assert model is not None
         inference = Inference(join_key, seldon.request_id(join_key), role, model, [], None, row)
@@ -265,7 +288,6 @@ class ServingJoin(Rule):
             superseded = join.put(arrived)
             if live and superseded is not None:
                 result.events.append(self._unmatched(record, superseded))
-        return True
 
     async def check(
         self, tp: TopicPartition, decisions: Sequence[Decision], emit_from: int
