@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -163,22 +164,24 @@ class Layouts:
     def rows(self, role: Role, payloads: Sequence[bytes]) -> list[Row | None]:
         """``row`` of each payload, in order; the messages of one size are read together,
         as one block of bytes (a fraction of the time a message read alone takes)."""
-        out: list[Row | None] = [None] * len(payloads)
         known = self._rows[role]
-        by_size: dict[int, list[int]] = {}
-        for i, payload in enumerate(payloads):
-            if len(payload) in known:
-                by_size.setdefault(len(payload), []).append(i)
-        for size, where in by_size.items():
+        sizes = list(map(len, payloads))
+        out: list[Row | None] = [None] * len(payloads)
+        for size in known.keys() & set(sizes):
+            mine = list(map(size.__eq__, sizes))
+            where = list(compress(range(len(payloads)), mine))
             if len(where) < BLOCK_FROM:
                 for i in where:
                     out[i] = self.row(role, payloads[i])
                 continue
             layout, reader = known[size]
-            block = np.frombuffer(b"".join([payloads[i] for i in where]), _BYTE)
+            block = np.frombuffer(b"".join(compress(payloads, mine)), _BYTE)
             block = block.reshape(len(where), size)
             read = reader.many(block)
-            for i, ok, row in zip(where, layout.matching(block).tolist(), read, strict=True):
+            matching = layout.matching(block)
+            if len(where) == len(payloads) and matching.all():
+                return read  # one layout's messages, all of it: the usual case
+            for i, ok, row in zip(where, matching.tolist(), read, strict=True):
                 out[i] = row if ok else self.row(role, payloads[i])
         return out
 

@@ -10,6 +10,7 @@ later). A failed inference is a text value with the header ``seldon-pipeline-err
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Literal
 
@@ -132,7 +133,7 @@ def layout_rows(
 ) -> list[Row | None]:
     """``layout_row`` of each of ``role``'s messages (``values`` and their ``headers``), in
     order, read together by ``Layouts.rows``."""
-    if not any(headers) and all(value[:1] != b"\0" for value in values):
+    if not any(headers) and not any(map(_FRAMED, values)):
         return layouts.rows(role, values)  # the usual case: plain messages
     out: list[Row | None] = [None] * len(values)
     where, payloads = [], []
@@ -144,6 +145,9 @@ def layout_rows(
     for i, row in zip(where, layouts.rows(role, payloads), strict=True):
         out[i] = row
     return out
+
+
+_FRAMED = operator.methodcaller("startswith", b"\0")
 
 
 def _by_layout(role: Role, value: bytes, headers: Headers) -> bytes | None:

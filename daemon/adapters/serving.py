@@ -18,10 +18,11 @@ same decisions in the same order.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import msgspec
@@ -33,7 +34,6 @@ from vigil.connectors.serving import kserve, seldon
 from vigil.connectors.serving.layouts import Layouts
 from vigil.connectors.serving.message import Inference, Role
 from vigil.connectors.serving.rows import Row, TensorSelection, decision_rows
-from vigil.connectors.serving.seldon import Headers
 from vigil.daemon.adapters.base import Answer, Rule, RuleContext, RuleResult, StatePart
 from vigil.daemon.adapters.ior import IorRule
 from vigil.daemon.adapters.reach import ReachRule
@@ -229,21 +229,22 @@ class ServingJoin(Rule):
 
     def _layout_rows(self, carried: list[Fields]) -> list[Row | None]:
         """The decision row of each carried Seldon record that reads by a known layout
-        (``seldon.decode``'s common case, read the same way), the records of each role read
+        (``seldon.decode``'s common case, read the same way), the records of each topic read
         together; None for any other record (``decode`` reads it)."""
         rows: list[Row | None] = [None] * len(carried)
-        sides: dict[Role, tuple[list[int], list[bytes], list[Headers]]] = {}
-        for i, (topic, _, _, value, key, headers, _) in enumerate(carried):
+        if not carried:
+            return rows
+        topics, _, _, values, keys, headers, _ = zip(*carried, strict=True)
+        keyed = list(map(all, zip(keys, values, strict=True)))  # a key, and a value to read
+        for topic in set(topics):
             role = self._role(topic)
-            if role is None or not key or value is None:
+            if role is None:
                 continue
-            where, values, named = sides.setdefault(role, ([], [], []))
-            where.append(i)
-            values.append(value)
-            named.append(headers)
-        for role, (where, values, named) in sides.items():
-            read = seldon.layout_rows(role, values, named, self.layouts)
-            for i, row in zip(where, read, strict=True):
+            mine = list(map(operator.and_, map(topic.__eq__, topics), keyed))
+            read = seldon.layout_rows(
+                role, list(compress(values, mine)), list(compress(headers, mine)), self.layouts
+            )
+            for i, row in zip(compress(range(len(carried)), mine), read, strict=True):
                 rows[i] = row
         return rows
 
