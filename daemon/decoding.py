@@ -56,14 +56,25 @@ class Decoded:
     ) -> None:
         self._records = records or []
         self._envelopes = envelopes
-        self._at = {id(r): i for i, r in enumerate(self._records)}
+        self._index: dict[int, int] | None = None  # each record's position, built when asked
+        self._next = 0  # the position asked for next, if asked in order
         self._row = np.full(len(self._records), -1, dtype=np.int64)  # the envelope of each
         if envelopes is not None:
             self._row[envelopes.read] = np.arange(len(envelopes.read))
 
+    def _at(self, record: Record) -> int | None:
+        """The record's position among those read, or None."""
+        if self._next < len(self._records) and self._records[self._next] is record:
+            return self._next  # partitions are asked for in the order they were read
+        if self._index is None:
+            self._index = {id(r): i for i, r in enumerate(self._records)}
+        return self._index.get(id(record))
+
     def decision(self, record: Record) -> Decision:
         """The record's decision; raises ``BadEvent`` as ``decode_decision`` does."""
-        at = self._at.get(id(record))
+        at = self._at(record)
+        if at is not None:
+            self._next = at + 1
         row = -1 if at is None else int(self._row[at])
         if row < 0:
             return decode_decision(record)
@@ -74,9 +85,10 @@ class Decoded:
     def run(self, records: list[Record]) -> DecisionRun | None:
         """The decisions of ``records`` as one run, when they are consecutive records of
         the batch read and the worker read every one of them; else None."""
-        first = self._at.get(id(records[0])) if records else None
+        first = self._at(records[0]) if records else None
         if first is None:
             return None
+        self._next = first  # where the records' own decisions are asked for, if not a run
         stop = first + len(records)
         if stop > len(self._records):
             return None
@@ -89,6 +101,7 @@ class Decoded:
         e = self._envelopes
         assert e is not None
         rows = slice(row, last + 1)
+        self._next = stop
         return DecisionRun(records, e.ids[rows], e.models[rows], e.ys[rows], e.x[rows])
 
 

@@ -18,6 +18,8 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import groupby
+from operator import attrgetter
 
 import structlog
 
@@ -482,8 +484,8 @@ class Pipeline:
             answers: list[Answer] = []
             positions: Offsets = {}
             by_tp: dict[TopicPartition, list[Record]] = defaultdict(list)
-            for r in records:
-                by_tp[(r.topic, r.partition)].append(r)
+            for tp, run in groupby(records, _partition_of):  # a source's runs, in order
+                by_tp[tp] += run
             for tp, recs in by_tp.items():
                 if tp not in self._emit_from:
                     continue  # revoked while the batch was in flight
@@ -778,6 +780,9 @@ def _of_models(
         return by_model[models[0]]
     wanted = set(models)
     return [d for d in decisions if d.model in wanted]
+
+
+_partition_of = attrgetter("topic", "partition")
 
 
 def _first_at(decisions: Sequence[Decision], offset: int) -> int:
