@@ -128,6 +128,9 @@ def layout_row(role: Role, value: bytes, headers: Headers, layouts: Layouts) -> 
     return None if payload is None else layouts.row(role, payload)
 
 
+_FRAMED = operator.methodcaller("startswith", b"\0")
+
+
 def layout_rows(
     role: Role, values: Sequence[bytes], headers: Sequence[Headers], layouts: Layouts
 ) -> list[Row | None]:
@@ -145,9 +148,6 @@ def layout_rows(
     for i, row in zip(where, layouts.rows(role, payloads), strict=True):
         out[i] = row
     return out
-
-
-_FRAMED = operator.methodcaller("startswith", b"\0")
 
 
 def _by_layout(role: Role, value: bytes, headers: Headers) -> bytes | None:
