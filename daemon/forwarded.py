@@ -53,7 +53,7 @@ def unpack(value: bytes) -> list[Fields]:
     """The fields of a packed value's records, in order; raises ``ValueError`` for bytes
     that are not whole frames."""
     out: list[Fields] = []
-    raw, topic = b"", ""  # the last frame's topic, as packed and decoded
+    topics: dict[bytes, str] = {}  # each decoded once: one string for all its frames
     head, head_size = _HEAD.unpack_from, _HEAD.size
     at, end = 0, len(value)
     try:
@@ -62,9 +62,10 @@ def unpack(value: bytes) -> list[Fields]:
             if klen < -1 or vlen < -1:
                 raise ValueError("a frame's key or value length is negative")
             at += head_size
-            if size != len(raw) or not value.startswith(raw, at):  # not the last one's
-                raw = value[at : at + size]
-                topic = raw.decode()
+            raw = value[at : at + size]
+            topic = topics.get(raw)
+            if topic is None:
+                topic = topics[raw] = raw.decode()
             at += size
             key = None
             if klen >= 0:

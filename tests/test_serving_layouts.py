@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from vigil.connectors.events import BadEvent
 from vigil.connectors.serving import grpc_predict_v2_pb2 as pb
 from vigil.connectors.serving import layouts as layouts_module
+from vigil.connectors.serving import seldon
 from vigil.connectors.serving.layouts import Layouts, parse
 from vigil.connectors.serving.oip import FIXED
 from vigil.connectors.serving.rows import TensorSelection, input_rows, output_rows
@@ -345,3 +346,49 @@ def test_a_layout_that_could_begin_json_text_gives_no_rows():
         layouts.tensors("request", first)
         assert len(layouts) == 1
         assert (layouts.row("request", again) is not None) is rows, name
+
+
+_SELDON_HEADERS = (
+    (),
+    (("x-request-id", b"r1"), ("pipeline", b"iris")),
+    (("seldon-pipeline-errors", b"iris"),),
+    (("seldon-infer-type", b"proto/InferModelResponse"),),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    role=st.sampled_from(["request", "response"]),
+    sides=st.lists(
+        st.tuples(
+            st.integers(0, 50),  # which message: its id and label
+            st.sampled_from(["plain", "framed", "empty", "garbage"]),
+            st.sampled_from(_SELDON_HEADERS),
+        ),
+        max_size=40,
+    ),
+)
+@example(role="request", sides=[(1, "empty", ()), (2, "framed", ())])  # the smallest: empty
+def test_seldon_records_read_together_give_the_rows_each_gives_alone(role, sides):
+    """The join's reading of a pack's records of one topic: plain, schema-registry framed,
+    empty or unreadable values, with the headers a gateway writes, an error's, or a type's."""
+    layouts = Layouts(TensorSelection())
+    first_request, first_response = _one_row("5f0c7a1e-0000", np.ones((1, 6)), 1)
+    layouts.tensors("request", first_request)  # learned, as the join's first records are
+    layouts.tensors("response", first_response)
+    values, headers = [], []
+    for which, shape, named in sides:
+        request, response = _one_row(f"9b1d22c4-{which:04d}", np.full((1, 6), which), which)
+        payload = request if role == "request" else response
+        values.append(
+            {
+                "plain": payload,
+                "framed": b"\0\0\0\0\x07\0" + payload,
+                "empty": b"",
+                "garbage": bytes(len(payload)),
+            }[shape]
+        )
+        headers.append(named)
+    alone = [seldon.layout_row(role, v, h, layouts) for v, h in zip(values, headers, strict=True)]
+    together = seldon.layout_rows(role, values, headers, layouts)
+    assert [_row_seen(r) for r in together] == [_row_seen(r) for r in alone]

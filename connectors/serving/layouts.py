@@ -14,9 +14,10 @@ under 128). Any other message, or one that differs anywhere else, is parsed.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import compress
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -168,7 +169,7 @@ class Layouts:
         sizes = list(map(len, payloads))
         out: list[Row | None] = [None] * len(payloads)
         for size in known.keys() & set(sizes):
-            mine = list(map(size.__eq__, sizes))
+            mine = list(map(operator.eq, sizes, repeat(size)))
             where = list(compress(range(len(payloads)), mine))
             if len(where) < BLOCK_FROM:
                 for i in where:

@@ -10,7 +10,6 @@ later). A failed inference is a text value with the header ``seldon-pipeline-err
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Literal
 
@@ -128,16 +127,15 @@ def layout_row(role: Role, value: bytes, headers: Headers, layouts: Layouts) -> 
     return None if payload is None else layouts.row(role, payload)
 
 
-_FRAMED = operator.methodcaller("startswith", b"\0")
-
-
 def layout_rows(
     role: Role, values: Sequence[bytes], headers: Sequence[Headers], layouts: Layouts
 ) -> list[Row | None]:
     """``layout_row`` of each of ``role``'s messages (``values`` and their ``headers``), in
     order, read together by ``Layouts.rows``."""
-    if not any(headers) and not any(map(_FRAMED, values)):
-        return layouts.rows(role, values)  # the usual case: plain messages
+    # the usual case, plain messages: no headers, and none framed (the smallest value is
+    # framed if any is, unless one is empty)
+    if not any(headers) and min(values, default=b"")[:1] not in (b"", b"\0"):
+        return layouts.rows(role, values)
     out: list[Row | None] = [None] * len(values)
     where, payloads = [], []
     for i, (value, named) in enumerate(zip(values, headers, strict=True)):

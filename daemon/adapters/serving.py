@@ -235,12 +235,16 @@ class ServingJoin(Rule):
         if not carried:
             return rows
         topics, _, _, values, keys, headers, _ = zip(*carried, strict=True)
-        keyed = list(map(all, zip(keys, values, strict=True)))  # a key, and a value to read
+        keyed = None  # a key and a value to read: all have, usually
+        if not (all(keys) and all(values)):
+            keyed = list(map(all, zip(keys, values, strict=True)))
         for topic in set(topics):
             role = self._role(topic)
             if role is None:
                 continue
-            mine = list(map(operator.and_, map(topic.__eq__, topics), keyed))
+            mine = list(map(operator.eq, topics, repeat(topic)))
+            if keyed is not None:
+                mine = list(map(operator.and_, mine, keyed))
             read = seldon.layout_rows(
                 role, list(compress(values, mine)), list(compress(headers, mine)), self.layouts
             )
