@@ -11,6 +11,8 @@ later). A failed inference is a text value with the header ``seldon-pipeline-err
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+from operator import itemgetter
 from typing import Literal
 
 import orjson
@@ -28,6 +30,8 @@ ERROR_HEADER = "seldon-pipeline-errors"
 TYPE_HEADER = "seldon-infer-type"
 REQUEST_ID_HEADER = "x-request-id"
 _RESPONSE_TYPES = (b"proto/InferModelResponse", b"json/inferModelResponse")
+_READING = frozenset((ERROR_HEADER, TYPE_HEADER))
+"""The headers that can change how a record's value reads."""
 
 Kind = Literal["model", "pipeline"]
 
@@ -132,9 +136,10 @@ def layout_rows(
 ) -> list[Row | None]:
     """``layout_row`` of each of ``role``'s messages (``values`` and their ``headers``), in
     order, read together by ``Layouts.rows``."""
-    # the usual case, plain messages: no headers, and none framed (the smallest value is
-    # framed if any is, unless one is empty)
-    if not any(headers) and min(values, default=b"")[:1] not in (b"", b"\0"):
+    # the usual case: no header that changes a message's reading, and none framed (the
+    # smallest value is framed if any is, unless one is empty)
+    named = set(map(itemgetter(0), chain.from_iterable(headers)))
+    if named.isdisjoint(_READING) and min(values, default=b"")[:1] not in (b"", b"\0"):
         return layouts.rows(role, values)
     out: list[Row | None] = [None] * len(values)
     where, payloads = [], []
