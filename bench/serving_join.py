@@ -5,9 +5,11 @@ schedules it.
 
     python bench/serving_join.py [--n 20000] [--repeats 5] [--headers]
 
-Prints CPU microseconds per pair of ``ServingJoin.handle`` (unpacking, reading the two
-messages, pairing, the decision) and of the check of the pairs' decisions (1,000 at a
-time), best and median over the repeats. ``--headers`` gives every record the headers
+Prints CPU microseconds per pair of the forward stage (``ServingForward.handle`` and
+``release``: the time-ordered merge, framing and packing, 2,500 records a partition at a
+time), of ``ServingJoin.handle`` (unpacking, reading the two messages, pairing, the
+decision) and of the check of the pairs' decisions (1,000 at a time), best and median over
+the repeats. ``--headers`` gives every record the headers
 Seldon's gateway writes (``pipeline``, ``x-request-id``). The rows are 30 features of six
 levels, the labels 0 or 1.
 """
@@ -34,6 +36,8 @@ from vigil.daemon.malloc import keep_freed_memory
 from vigil.daemon.metrics import Metrics
 
 PREFIX = "seldon.t.model.compas"  # the model's inputs and outputs topics, less the suffix
+STEP = 2_500
+"""Records of each partition the forward stage takes at a time."""
 
 
 def stages() -> tuple[ServingForward, ServingJoin]:
@@ -53,9 +57,8 @@ def stages() -> tuple[ServingForward, ServingJoin]:
     return forward, join
 
 
-def packed(n: int, headers: bool) -> list[Record]:
-    """``n`` one-row requests and their responses as the forward stage writes them to the
-    join topic (each response 1 ms after its request)."""
+def traffic(n: int, headers: bool) -> dict[str, list[Record]]:
+    """``n`` one-row requests and their responses (each 1 ms after its request), by side."""
     rng = np.random.default_rng(0)
     x = rng.integers(0, 6, size=(n, 30)) / 6
     y = rng.integers(0, 2, size=n)
@@ -68,11 +71,24 @@ def packed(n: int, headers: bool) -> list[Record]:
         ):
             record = Record(f"{PREFIX}.{side}", 0, i, value, key, extra, 1000 + 2 * i + offset)
             sides[side].append(record)
+    return sides
+
+
+async def forwarded(sides: dict[str, list[Record]]) -> tuple[float, list[Record]]:
+    """CPU seconds of a fresh forward stage over the traffic, taken ``STEP`` records a
+    partition at a time and released after each step as `vigil run` does, and the
+    join-topic records it writes."""
     forward, _ = stages()
-    for side, records in sides.items():
-        asyncio.run(forward.handle((f"{PREFIX}.{side}", 0), records, 0))
-    messages = [answer.message for answer in forward.release(lambda tp: False).events]
-    return [Record(m.topic, 0, i, m.value, m.key, m.headers) for i, m in enumerate(messages)]
+    started = time.process_time()
+    events = []
+    for at in range(0, max(map(len, sides.values())), STEP):
+        for side, records in sides.items():
+            await forward.handle((f"{PREFIX}.{side}", 0), records[at : at + STEP], 0)
+        events += forward.release(lambda tp: True).events
+    events += forward.release(lambda tp: False).events
+    took = time.process_time() - started
+    messages = [answer.message for answer in events]
+    return took, [Record(m.topic, 0, i, m.value, m.key, m.headers) for i, m in enumerate(messages)]
 
 
 async def once(records: list[Record]) -> tuple[float, float, int]:
@@ -94,11 +110,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--headers", action="store_true")
     args = parser.parse_args()
-    records = packed(args.n, args.headers)
+    sides = traffic(args.n, args.headers)
     keep_freed_memory()  # as `vigil run` sets the allocator
     collect_between_batches()  # and schedules the collector
-    join, check = [], []
+    forward, join, check = [], [], []
     for _ in range(args.repeats):
+        took, records = asyncio.run(forwarded(sides))
+        forward.append(1e6 * took / args.n)
         joined, checked, pairs = asyncio.run(once(records))
         if pairs != args.n:
             print(f"paired {pairs} of {args.n}", file=sys.stderr)
@@ -106,8 +124,8 @@ def main() -> int:
         join.append(1e6 * joined / pairs)
         check.append(1e6 * checked / pairs)
     print(f"{args.n} one-row pairs in {len(records)} join-topic records, headers: {args.headers}")
-    for name, runs in (("join", join), ("check", check)):
-        print(f"{name:6} {min(runs):6.2f} us per pair best, {statistics.median(runs):6.2f} median")
+    for name, runs in (("forward", forward), ("join", join), ("check", check)):
+        print(f"{name:8} {min(runs):6.2f} us per pair best, {statistics.median(runs):6.2f} median")
     return 0
 
 
